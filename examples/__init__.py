@@ -1,0 +1,1 @@
+"""Runnable examples of `towers`; each is an absl app whose logic a test imports."""

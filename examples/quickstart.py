@@ -1,0 +1,150 @@
+"""Trains a small convolutional net on every available device with `towers`.
+
+On a machine without GPUs, one CPU is split into 4 logical devices (or --towers of them), so
+the same code path as on a multi-GPU machine runs anywhere:
+
+    python examples/quickstart.py --steps=200
+    python examples/quickstart.py --towers=4 --compare_one_device
+"""
+
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import app, flags, logging
+
+import towers
+
+_TOWERS = flags.DEFINE_integer("towers", 0, "Towers to build; 0 for every available device.")
+_BATCH = flags.DEFINE_integer("batch_size", 256, "Global batch size, split over the towers.")
+_STEPS = flags.DEFINE_integer("steps", 100, "Training steps.")
+_LR = flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate.")
+_LOG_EVERY = flags.DEFINE_integer("log_every", 20, "Log the loss every this many steps.")
+_COMPARE = flags.DEFINE_bool(
+    "compare_one_device",
+    False,
+    "Also train on one device at the same global batch and log the step-time ratio.",
+)
+
+IMAGE, CLASSES = 16, 10
+
+
+class ConvNet(tf.Module):
+    """conv3x3(16) - relu - maxpool - conv3x3(32) - relu - global mean - dense(10)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__(name="convnet")
+        self.conv1 = tf.Variable(_glorot([3, 3, 1, 16], seed, 1), name="conv1")
+        self.conv2 = tf.Variable(_glorot([3, 3, 16, 32], seed, 2), name="conv2")
+        self.dense = tf.Variable(_glorot([32, CLASSES], seed, 3), name="dense")
+        self.bias = tf.Variable(tf.zeros([CLASSES]), name="bias")
+
+    def __call__(self, images: tf.Tensor) -> tf.Tensor:
+        """Logits for a batch of [batch, 16, 16, 1] images."""
+        x = tf.nn.relu(tf.nn.conv2d(images, self.conv1, strides=1, padding="SAME"))
+        x = tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME")
+        x = tf.nn.relu(tf.nn.conv2d(x, self.conv2, strides=1, padding="SAME"))
+        return tf.matmul(tf.reduce_mean(x, axis=[1, 2]), self.dense) + self.bias
+
+
+def _glorot(shape: list[int], seed: int, index: int) -> tf.Tensor:
+    """Glorot-uniform values, deterministic in (seed, index)."""
+    receptive = int(np.prod(shape[:-2]))
+    limit = np.sqrt(6.0 / (receptive * (shape[-2] + shape[-1])))
+    return tf.random.stateless_uniform(shape, [seed, index], -limit, limit)
+
+
+def make_data(num_examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic images: each class a tiled 4x4 texture of its own, under Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    textures = rng.normal(size=(CLASSES, 4, 4))
+    labels = rng.integers(0, CLASSES, size=num_examples).astype(np.int32)
+    clean = np.tile(textures[labels], (1, IMAGE // 4, IMAGE // 4))
+    images = clean + rng.normal(scale=1.0, size=clean.shape)
+    return images[..., None].astype(np.float32), labels
+
+
+def train(
+    devices: list[str],
+    batch_size: int,
+    steps: int,
+    learning_rate: float,
+    seed: int = 0,
+    log_every: int = 0,
+) -> dict:
+    """Trains a `ConvNet` with `towers.train_step` on `devices`.
+
+    Returns:
+      A dict with the per-step `losses`, `step_seconds` (first step, the trace, excluded) and
+      the trained `model`.
+    """
+    images, labels = make_data(batch_size * 8, seed)
+    model, optimizer = ConvNet(seed), towers.SGD(learning_rate)
+
+    def loss_fn(shard):
+        shard_images, shard_labels = shard
+        logits = model(shard_images)
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=shard_labels, logits=logits)
+        )
+
+    @tf.function
+    def step(batch):
+        loss, _ = towers.train_step(loss_fn, model, optimizer, batch, devices)
+        return loss
+
+    losses, seconds = [], []
+    for i in range(steps):
+        start = i * batch_size % len(images)
+        batch = (
+            tf.constant(images[start : start + batch_size]),
+            tf.constant(labels[start : start + batch_size]),
+        )
+        began = time.perf_counter()
+        losses.append(float(step(batch)))
+        seconds.append(time.perf_counter() - began)
+        if log_every and (i + 1) % log_every == 0:
+            logging.info(
+                "step %d  loss %.4f  %.0f examples/s",
+                i + 1,
+                losses[-1],
+                batch_size / statistics.median(seconds[-log_every:]),
+            )
+    return {"losses": losses, "step_seconds": seconds[1:], "model": model}
+
+
+def choose_devices(num_towers: int) -> list[str]:
+    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU."""
+    if not tf.config.list_physical_devices("GPU"):
+        towers.simulate_devices(max(num_towers, 4))
+    return towers.list_devices(num=num_towers or None)
+
+
+def main(argv: list[str]) -> None:
+    """Trains on every device (simulated when there is no GPU) and logs the speed."""
+    del argv
+    devices = choose_devices(_TOWERS.value)
+    logging.info("training on %d towers: %s", len(devices), devices)
+    result = train(devices, _BATCH.value, _STEPS.value, _LR.value, log_every=_LOG_EVERY.value)
+    median = statistics.median(result["step_seconds"])
+    logging.info(
+        "loss %.4f -> %.4f; median step %.2f ms, %.0f examples/s",
+        result["losses"][0],
+        result["losses"][-1],
+        median * 1e3,
+        _BATCH.value / median,
+    )
+    if _COMPARE.value:
+        single = train(devices[:1], _BATCH.value, _STEPS.value, _LR.value)
+        single_median = statistics.median(single["step_seconds"])
+        logging.info(
+            "one device: median step %.2f ms; %d towers / one device = %.2f",
+            single_median * 1e3,
+            len(devices),
+            median / single_median,
+        )
+
+
+if __name__ == "__main__":
+    app.run(main)

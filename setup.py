@@ -1,0 +1,28 @@
+"""Installs the `towers` and `ops` packages.
+
+TensorFlow comes through extras so that CPU and GPU users each get the right build:
+
+    pip install ".[cpu]"    # tensorflow-cpu
+    pip install ".[gpu]"    # tensorflow[and-cuda], NVIDIA GPUs on Linux
+    pip install ".[cpu,test]"  # plus what the test suite needs
+"""
+
+import setuptools
+
+TF_VERSION = ">=2.16,<3"
+
+setuptools.setup(
+    name="towers",
+    version="0.1.0",
+    description="Data-parallel training of TensorFlow models on several devices, in graph mode.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=["towers", "ops"],
+    python_requires=">=3.10",
+    install_requires=["numpy", "absl-py"],
+    extras_require={
+        "cpu": [f"tensorflow-cpu{TF_VERSION}"],
+        "gpu": [f"tensorflow[and-cuda]{TF_VERSION}"],
+        "test": ["pytest", "ruff", "h5py"],
+    },
+)

@@ -1,0 +1,123 @@
+"""Helpers shared by the tests: devices, a reference model, a single-device reference step."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+NUM_DEVICES = 8
+VOCAB, FEATURES, EMBED, HIDDEN, CLASSES = 13, 6, 4, 8, 3
+
+
+def devices(num: int) -> list[str]:
+    """The first `num` logical CPU devices, canonical names."""
+    return [f"/device:CPU:{i}" for i in range(num)]
+
+
+class Model(tf.Module):
+    """Embedding + MLP with an unused variable: sparse, dense and None gradients in one model.
+
+    Variables are created on the first call, so the first tower creates them.
+    """
+
+    def __init__(self, seed: int = 0):
+        super().__init__(name="model")
+        self.seed = seed
+        self.built = False
+
+    def _build(self):
+        def init(shape, i):
+            return tf.random.stateless_normal(shape, seed=[self.seed, i], stddev=0.5)
+
+        self.embedding = tf.Variable(init([VOCAB, EMBED], 1), name="embedding")
+        self.w1 = tf.Variable(init([FEATURES + EMBED, HIDDEN], 2), name="w1")
+        self.b1 = tf.Variable(tf.zeros([HIDDEN]), name="b1")
+        self.w2 = tf.Variable(init([HIDDEN, CLASSES], 3), name="w2")
+        self.unused = tf.Variable(tf.ones([2]), name="unused")
+        self.built = True
+
+    def __call__(self, inputs):
+        if not self.built:
+            self._build()
+        embedded = tf.reduce_mean(tf.gather(self.embedding, inputs["ids"]), axis=1)
+        hidden = tf.tanh(tf.matmul(tf.concat([inputs["features"], embedded], 1), self.w1) + self.b1)
+        return tf.matmul(hidden, self.w2)
+
+
+def loss_fn(model: Model):
+    """The shard's mean cross-entropy, and the logits as outputs."""
+
+    def fn(batch):
+        inputs, labels = batch
+        logits = model(inputs)
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        )
+        return loss, logits
+
+    return fn
+
+
+def batch(size: int, seed: int = 0):
+    """A deterministic nested batch: ((features, ids), labels)."""
+    rng = np.random.default_rng(seed)
+    inputs = {
+        "features": tf.constant(rng.normal(size=(size, FEATURES)), tf.float32),
+        "ids": tf.constant(rng.integers(0, VOCAB, size=(size, 2)), tf.int32),
+    }
+    return inputs, tf.constant(rng.integers(0, CLASSES, size=(size,)), tf.int32)
+
+
+def dense(grad) -> np.ndarray | None:
+    """A gradient as a dense numpy array (IndexedSlices summed into rows), None kept."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, grad.dense_shape[0])
+    return np.asarray(grad)
+
+
+def reference_gradients(model: Model, full_batch) -> tuple[list, list]:
+    """Gradients of the whole batch's mean loss on one device: (grads, variables)."""
+    with tf.device("/device:CPU:0"):
+        with tf.GradientTape() as tape:
+            loss, _ = loss_fn(model)(full_batch)
+        variables = list(model.trainable_variables)
+        return tape.gradient(loss, variables), variables
+
+
+def assert_allclose(actual, expected, rtol=1e-6, atol=1e-7):
+    """Relative comparison with a small absolute floor for entries near zero."""
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol)
+
+
+def op_devices(graph: tf.Graph, pattern: str) -> dict[str, str]:
+    """Requested device (canonical) of every op whose name contains `pattern`."""
+    return {op.name: local_device(op.device) for op in graph.get_operations() if pattern in op.name}
+
+
+def run_python(code: str, timeout: float = 120) -> str:
+    """Runs `code` in a fresh interpreter with this project importable; returns its stdout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"child failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def local_device(device: str) -> str:
+    """A device name without job, replica and task, e.g. "/device:CPU:3"; "" stays ""."""
+    if not device:
+        return ""
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.replace(job=None, replica=None, task=None).to_string()

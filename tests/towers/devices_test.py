@@ -1,0 +1,115 @@
+import tensorflow as tf
+
+import towers
+from tests import test_util
+
+
+class ListDevicesTest(tf.test.TestCase):
+    def test_cpu_logical_devices_when_there_is_no_gpu(self):
+        self.assertEqual(towers.list_devices(), test_util.devices(test_util.NUM_DEVICES))
+        self.assertEqual(towers.list_devices("cpu"), towers.list_devices())
+
+    def test_num_takes_the_first_devices(self):
+        self.assertEqual(towers.list_devices(num=3), test_util.devices(3))
+
+    def test_more_devices_than_exist_lists_what_exists(self):
+        with self.assertRaisesRegex(
+            ValueError, r"Asked for 9 CPU devices but only 8 exist: \['/device:CPU:0'.*simulate"
+        ):
+            towers.list_devices(num=9)
+
+    def test_no_gpus_here(self):
+        self.assertEqual(towers.list_devices("GPU"), [])
+        with self.assertRaisesRegex(ValueError, "Asked for 1 GPU devices but only 0 exist"):
+            towers.list_devices("GPU", num=1)
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(
+            ValueError, r"`kind` must be one of \('CPU', 'GPU'\); got 'TPU'"
+        ):
+            towers.list_devices("TPU")
+        with self.assertRaisesRegex(ValueError, "`num` must be a positive int or None; got 0"):
+            towers.list_devices(num=0)
+
+
+class SimulateDevicesTest(tf.test.TestCase):
+    def test_same_layout_again_is_a_no_op(self):
+        towers.simulate_devices(test_util.NUM_DEVICES)
+        self.assertLen(towers.list_devices(), test_util.NUM_DEVICES)
+
+    def test_another_layout_after_initialization(self):
+        with self.assertRaisesRegex(
+            RuntimeError, "Cannot simulate 4 CPU devices: TensorFlow is already initialized with 8"
+        ):
+            towers.simulate_devices(4)
+
+    def test_gpu_needs_a_memory_limit(self):
+        with self.assertRaisesRegex(ValueError, "needs `memory_limit_mb`"):
+            towers.simulate_devices(2, "GPU")
+
+    def test_missing_physical_device(self):
+        with self.assertRaisesRegex(
+            ValueError, "No physical GPU device to split; this machine has"
+        ):
+            towers.simulate_devices(2, "GPU", memory_limit_mb=1024)
+
+    def test_bad_num(self):
+        for num in (0, -1, 2.0, True):
+            with self.assertRaisesRegex(ValueError, "`num` must be a positive int"):
+                towers.simulate_devices(num)
+
+    def test_fresh_process(self):
+        """Before initialization it configures; a second different call is refused after."""
+        code = (
+            "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'\n"
+            "import towers\n"
+            "towers.simulate_devices(3)\n"
+            "print(len(towers.list_devices()))\n"
+            "towers.simulate_devices(3)\n"
+            "try:\n"
+            "    towers.simulate_devices(5)\n"
+            "except RuntimeError as e:\n"
+            "    print('refused')\n"
+        )
+        self.assertEqual(test_util.run_python(code).split(), ["3", "refused"])
+
+
+class CanonicalDeviceTest(tf.test.TestCase):
+    def test_normalizes(self):
+        self.assertEqual(towers.canonical_device("/gpu:1"), "/device:GPU:1")
+        self.assertEqual(
+            towers.canonical_device(tf.DeviceSpec(device_type="CPU", device_index=2)),
+            "/device:CPU:2",
+        )
+        self.assertEqual(
+            towers.canonical_device(tf.config.list_logical_devices()[3]), "/device:CPU:3"
+        )
+
+    def test_errors(self):
+        with self.assertRaisesRegex(ValueError, "must name its type and index"):
+            towers.canonical_device("/job:worker")
+        with self.assertRaisesRegex(ValueError, "Cannot parse device 'gpu0'"):
+            towers.canonical_device("gpu0")
+        with self.assertRaisesRegex(TypeError, "got 3"):
+            towers.canonical_device(3)
+
+
+class SessionConfigTest(tf.test.TestCase):
+    def test_v1_session_sees_the_logical_devices(self):
+        config = towers.session_config()
+        self.assertEqual(config.device_count["CPU"], test_util.NUM_DEVICES)
+        self.assertFalse(config.allow_soft_placement)
+        with tf.Graph().as_default():
+            with tf.device("/cpu:7"):
+                x = tf.constant(2.0) * 3.0
+            with tf.compat.v1.Session(config=config) as sess:
+                self.assertLen(sess.list_devices(), test_util.NUM_DEVICES)
+                self.assertEqual(sess.run(x), 6.0)
+
+    def test_bad_num(self):
+        with self.assertRaisesRegex(ValueError, "`num_cpus` must be a positive int"):
+            towers.session_config(0)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,34 @@
+"""Data-parallel training of TensorFlow models on several devices, in graph mode.
+
+Pick devices, split each batch on the CPU, build one tower per device, average the tower
+gradients (you see and may change them), apply them, merge the outputs:
+
+    devices = towers.list_devices()
+    loss, outputs = towers.train_step(loss_fn, model, towers.SGD(0.1), batch, devices)
+
+or the same stages one by one with `ops.split_batch`, `towers.replicate`,
+`ops.average_gradients` and `ops.merge_outputs`.
+"""
+
+import ops  # noqa: F401  (first: gives the one clear message when TensorFlow is missing)
+from towers._context import TowerContext, current_tower
+from towers._devices import canonical_device, list_devices, session_config, simulate_devices
+from towers._parameter_server import ParameterServer
+from towers._replicate import replicate
+from towers._sgd import SGD
+from towers._step import tower_gradients, train_step, variable_list
+
+__all__ = [
+    "SGD",
+    "ParameterServer",
+    "TowerContext",
+    "canonical_device",
+    "current_tower",
+    "list_devices",
+    "replicate",
+    "session_config",
+    "simulate_devices",
+    "tower_gradients",
+    "train_step",
+    "variable_list",
+]

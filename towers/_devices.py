@@ -1,0 +1,152 @@
+"""Finding the devices to build towers on, and simulating several on one."""
+
+from ops._tensorflow import tf
+
+KINDS = ("CPU", "GPU")
+
+
+def canonical_device(device: str | tf.DeviceSpec | tf.config.LogicalDevice) -> str:
+    """The full, normalized name of a device, e.g. "/gpu:1" -> "/device:GPU:1".
+
+    Args:
+      device: A device name, a `tf.DeviceSpec` or a `tf.config.LogicalDevice`.
+
+    Returns:
+      The name as `tf.DeviceSpec` writes it.
+
+    Raises:
+      TypeError: if `device` is none of these.
+      ValueError: if the name does not parse or names no device type.
+    """
+    if isinstance(device, tf.config.LogicalDevice):
+        device = device.name
+    if isinstance(device, str):
+        try:
+            device = tf.DeviceSpec.from_string(device)
+        except ValueError as error:
+            raise ValueError(f"Cannot parse device {device!r}: {error}") from None
+    if not isinstance(device, tf.DeviceSpec):
+        raise TypeError(
+            f"A device must be a name such as '/gpu:0', a tf.DeviceSpec or a LogicalDevice; got "
+            f"{device!r}."
+        )
+    if device.device_type is None:
+        raise ValueError(
+            "A tower device must name its type and index, e.g. '/gpu:0'; got "
+            f"{device.to_string()!r}."
+        )
+    return device.to_string()
+
+
+def _kind(kind: str) -> str:
+    if not isinstance(kind, str) or kind.upper() not in KINDS:
+        raise ValueError(f"`kind` must be one of {KINDS}; got {kind!r}.")
+    return kind.upper()
+
+
+def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str]:
+    """The logical devices to build towers on: GPUs when present, otherwise CPUs.
+
+    This initializes TensorFlow's runtime; call `simulate_devices` before it, if at all.
+
+    Args:
+      kind: "GPU" or "CPU" to choose; None takes GPUs when there are any, else CPUs.
+      num: How many devices to return (the first `num`); None for all of them.
+
+    Returns:
+      Canonical device names, e.g. ["/device:GPU:0", "/device:GPU:1"].
+
+    Raises:
+      ValueError: if `kind` is unknown, or fewer than `num` devices of that kind exist (the
+        message lists the devices that do).
+    """
+    if kind is None:
+        kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    kind = _kind(kind)
+    devices = [canonical_device(d) for d in tf.config.list_logical_devices(kind)]
+    if num is None:
+        return devices
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ValueError(f"`num` must be a positive int or None; got {num!r}.")
+    if num > len(devices):
+        existing = [canonical_device(d) for d in tf.config.list_logical_devices()]
+        raise ValueError(
+            f"Asked for {num} {kind} devices but only {len(devices)} exist: {existing}. Use "
+            f"fewer towers, or call towers.simulate_devices({num}, kind={kind!r}) before "
+            "TensorFlow initializes to split one device into several."
+        )
+    return devices[:num]
+
+
+def simulate_devices(num: int, kind: str = "CPU", *, memory_limit_mb: int | None = None) -> None:
+    """Splits the first physical device of `kind` into `num` logical devices.
+
+    Call it once per process before TensorFlow initializes its runtime (before any op runs or
+    `list_devices` is called). Calling it again with the same `num` does nothing.
+
+    Args:
+      num: The number of logical devices to make, >= 1.
+      kind: "CPU" (the default; how tests and CPU-only machines get several towers) or "GPU".
+      memory_limit_mb: Memory of each logical GPU in MiB; required for GPUs, which need a
+        limit to be split.
+
+    Raises:
+      ValueError: if `num` or `kind` is invalid, a GPU split lacks `memory_limit_mb`, or no
+        physical device of `kind` exists.
+      RuntimeError: if TensorFlow is already initialized with another number of devices.
+
+    Example:
+      >>> towers.simulate_devices(4)  # first thing in main()
+      >>> towers.list_devices()
+      ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+    """
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ValueError(f"`num` must be a positive int; got {num!r}.")
+    kind = _kind(kind)
+    if kind == "GPU" and memory_limit_mb is None:
+        raise ValueError(
+            "Splitting a GPU needs `memory_limit_mb`, the memory of each logical GPU; e.g. "
+            "simulate_devices(2, 'GPU', memory_limit_mb=4096)."
+        )
+    physical = tf.config.list_physical_devices(kind)
+    if not physical:
+        found = [d.name for d in tf.config.list_physical_devices()]
+        raise ValueError(f"No physical {kind} device to split; this machine has {found}.")
+    current = tf.config.get_logical_device_configuration(physical[0])
+    if len(current or [None]) == num:
+        return
+    config = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)] * num
+    try:
+        tf.config.set_logical_device_configuration(physical[0], config)
+    except RuntimeError:
+        raise RuntimeError(
+            f"Cannot simulate {num} {kind} devices: TensorFlow is already initialized with "
+            f"{len(current or [None])} logical {kind} device(s). Call towers.simulate_devices "
+            "first thing in the process, before any op runs or devices are listed."
+        ) from None
+
+
+def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
+    """A `tf.compat.v1.ConfigProto` whose sessions have the logical CPU devices towers use.
+
+    A v1 `Session` takes its CPU devices from `device_count`, not from `tf.config`. Pass this
+    config to every session that runs tower graphs so `/cpu:1`... exist there too. Soft placement
+    stays off: an op pinned to a missing device is an error, not a silent move.
+
+    Args:
+      num_cpus: CPU devices the session should have; None for as many as `tf.config` has
+        (`simulate_devices` included).
+
+    Returns:
+      The config, to pass as `tf.compat.v1.Session(config=...)`.
+
+    Example:
+      >>> towers.simulate_devices(4)
+      >>> with tf.compat.v1.Session(graph=graph, config=towers.session_config()) as sess:
+      ...     sess.run(train_op)
+    """
+    if num_cpus is None:
+        num_cpus = len(tf.config.list_logical_devices("CPU"))
+    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1:
+        raise ValueError(f"`num_cpus` must be a positive int or None; got {num_cpus!r}.")
+    return tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus}, allow_soft_placement=False)

@@ -1,0 +1,87 @@
+"""The parameter-server variable strategy: one copy of each variable, on chosen devices."""
+
+import contextlib
+import functools
+from collections.abc import Sequence
+
+from ops._tensorflow import tf
+from towers._context import TowerContext
+from towers._devices import canonical_device
+from towers._naming import without_tower_scope
+
+
+class ParameterServer:
+    """Places every variable created in a tower on a parameter device, not the tower's.
+
+    With one device (the CPU by default) every variable lives there. With several, each new
+    variable goes to the device holding the fewest bytes so far (greedy by size), which spreads
+    a model over the tower devices. Gradients are averaged where each variable lives.
+
+    Variable names carry no tower scope: "tower_0/dense/w" is created as "dense/w", the name a
+    single-device program gives it. Only the first tower may create variables; later towers
+    reuse them. A later tower that creates one is an error naming it (usually a model that
+    builds a new layer per call).
+
+    Args:
+      devices: One device name, or a list of them to spread variables over.
+
+    Raises:
+      ValueError: if `devices` is empty or a name does not parse.
+
+    Example:
+      >>> strategy = towers.ParameterServer(devices=towers.list_devices())
+      >>> towers.replicate(tower_fn, shards, devices, variable_strategy=strategy)
+    """
+
+    def __init__(self, devices: str | Sequence[str] = "/cpu:0"):
+        names = [devices] if isinstance(devices, (str, tf.DeviceSpec)) else list(devices)
+        if not names:
+            raise ValueError("`devices` must name at least one device; got [].")
+        self._load = {canonical_device(d): 0 for d in names}
+
+    @property
+    def devices(self) -> list[str]:
+        """The parameter devices, canonical names."""
+        return list(self._load)
+
+    def load(self) -> dict[str, int]:
+        """Bytes of variables this strategy has placed on each device."""
+        return dict(self._load)
+
+    def scope(self, tower: TowerContext) -> contextlib.AbstractContextManager:
+        """A scope in which variables created by `tower` are placed by this strategy.
+
+        Args:
+          tower: The tower being built.
+
+        Returns:
+          A `tf.variable_creator_scope`.
+        """
+        return tf.variable_creator_scope(functools.partial(self._create, tower))
+
+    def _create(self, tower: TowerContext, next_creator, **kwargs) -> tf.Variable:
+        if not tower.is_chief:
+            raise ValueError(
+                f"Tower {tower.index} created variable {kwargs.get('name')!r}; only the first "
+                "tower may create variables, later towers must reuse them. Build layers once "
+                "(e.g. in the model's constructor or on its first call), not on every call."
+            )
+        kwargs, size = _with_size(kwargs)
+        device = min(self._load, key=self._load.get)
+        self._load[device] += size
+        with tf.device(device), without_tower_scope(tower):
+            return next_creator(**kwargs)
+
+
+def _with_size(kwargs: dict) -> tuple[dict, int]:
+    """The variable's size in bytes, evaluating a callable initial value if needed."""
+    value = kwargs.get("initial_value")
+    shape = kwargs.get("shape")
+    if callable(value):
+        value = value()
+        kwargs = {**kwargs, "initial_value": value}
+    if shape is None or not tf.TensorShape(shape).is_fully_defined():
+        shape = getattr(value, "shape", tf.TensorShape(None))
+    dtype = tf.as_dtype(kwargs.get("dtype") or getattr(value, "dtype", tf.float32))
+    shape = tf.TensorShape(shape)
+    return kwargs, (shape.num_elements() or 0) * dtype.size

@@ -1,0 +1,76 @@
+"""A plain SGD optimizer (with optional momentum), so a training step needs nothing else."""
+
+from collections.abc import Iterable
+
+from ops._tensorflow import tf
+
+
+class SGD(tf.Module):
+    """Stochastic gradient descent: `v -= lr * g`, or with momentum `m = mu * m + g; v -= lr * m`.
+
+    Updates are built on each variable's device. Sparse gradients (`tf.IndexedSlices`) update
+    only their rows when there is no momentum. Momentum slots are created on the first
+    `apply_gradients`, next to their variables, and are visible as `optimizer.variables`.
+
+    Args:
+      learning_rate: The step size, a float or a scalar tensor or variable.
+      momentum: The momentum coefficient in [0, 1); 0 for plain SGD, which keeps no state.
+      name: The module's name.
+
+    Raises:
+      ValueError: if `momentum` is outside [0, 1).
+    """
+
+    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"_slot_of"})
+
+    def __init__(
+        self, learning_rate: float | tf.Tensor = 0.01, momentum: float = 0.0, name: str = "SGD"
+    ):
+        super().__init__(name=name)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1); got momentum={momentum}.")
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.slots: list[tf.Variable] = []
+        self._slot_of: dict = {}  # variable.ref() -> its momentum slot
+
+    def apply_gradients(
+        self, grads_and_vars: Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]]
+    ) -> tf.Operation | None:
+        """Applies one update per `(gradient, variable)` pair; None gradients are skipped.
+
+        Args:
+          grads_and_vars: Pairs of gradient and variable.
+
+        Returns:
+          An op grouping the updates (None when executing eagerly).
+        """
+        updates = []
+        for grad, var in grads_and_vars:
+            if grad is None:
+                continue
+            with tf.device(var.device), tf.name_scope(self.name):
+                updates.append(self._update(grad, var))
+        return tf.group(updates)
+
+    def _update(self, grad, var) -> tf.Operation:
+        lr = tf.cast(self.learning_rate, var.dtype)
+        if self.momentum == 0.0:
+            if isinstance(grad, tf.IndexedSlices):
+                return var.scatter_sub(tf.IndexedSlices(grad.values * lr, grad.indices))
+            return var.assign_sub(grad * lr)
+        slot = self._slot(var)
+        new_velocity = slot.assign(slot * self.momentum + tf.convert_to_tensor(grad))
+        return var.assign_sub(new_velocity * lr)
+
+    def _slot(self, var: tf.Variable) -> tf.Variable:
+        if var.ref() not in self._slot_of:
+            with tf.init_scope(), tf.device(var.device):
+                slot = tf.Variable(
+                    tf.zeros(var.shape, var.dtype),
+                    trainable=False,
+                    name=var.name.split(":")[0] + "/momentum",
+                )
+            self.slots.append(slot)
+            self._slot_of[var.ref()] = slot
+        return self._slot_of[var.ref()]
