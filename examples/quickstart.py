@@ -7,14 +7,17 @@ the same code path as on a multi-GPU machine runs anywhere:
     python examples/quickstart.py --towers=4 --compare_one_device
 """
 
+import os
 import statistics
 import time
 
-import numpy as np
-import tensorflow as tf
-from absl import app, flags, logging
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: no INFO noise
 
-import towers
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+import towers  # noqa: E402
 
 _TOWERS = flags.DEFINE_integer("towers", 0, "Towers to build; 0 for every available device.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Global batch size, split over the towers.")
