@@ -5,6 +5,8 @@ the same code path as on a multi-GPU machine runs anywhere:
 
     python examples/quickstart.py --steps=200
     python examples/quickstart.py --towers=4 --compare_one_device
+    python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=100
+    python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=200 --resume --towers=2
 """
 
 import os
@@ -22,8 +24,13 @@ import towers  # noqa: E402
 _TOWERS = flags.DEFINE_integer("towers", 0, "Towers to build; 0 for every available device.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Global batch size, split over the towers.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Training steps.")
-_LR = flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate.")
+_LR = flags.DEFINE_float("learning_rate", 0.1, "SGD learning rate.")
 _LOG_EVERY = flags.DEFINE_integer("log_every", 20, "Log the loss every this many steps.")
+_CHECKPOINT_DIR = flags.DEFINE_string(
+    "checkpoint_dir", None, "Save checkpoints and the best weights (lowest loss) here."
+)
+_SAVE_EVERY = flags.DEFINE_integer("save_every", 50, "Checkpoint every this many steps.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint.")
 _COMPARE = flags.DEFINE_bool(
     "compare_one_device",
     False,
@@ -59,9 +66,12 @@ def _glorot(shape: list[int], seed: int, index: int) -> tf.Tensor:
 
 
 def make_data(num_examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Synthetic images: each class a tiled 4x4 texture of its own, under Gaussian noise."""
+    """Synthetic images: each class a tiled 4x4 texture of its own, under Gaussian noise.
+
+    The textures (the task) are fixed; `seed` draws the examples.
+    """
+    textures = np.random.default_rng(1234).normal(size=(CLASSES, 4, 4))
     rng = np.random.default_rng(seed)
-    textures = rng.normal(size=(CLASSES, 4, 4))
     labels = rng.integers(0, CLASSES, size=num_examples).astype(np.int32)
     clean = np.tile(textures[labels], (1, IMAGE // 4, IMAGE // 4))
     images = clean + rng.normal(scale=1.0, size=clean.shape)
@@ -75,15 +85,36 @@ def train(
     learning_rate: float,
     seed: int = 0,
     log_every: int = 0,
+    checkpoint_dir: str | None = None,
+    save_every: int = 0,
+    resume: bool = False,
 ) -> dict:
     """Trains a `ConvNet` with `towers.train_step` on `devices`.
 
+    With `checkpoint_dir`, saves a checkpoint every `save_every` steps and at the end, keeps
+    the best weights by mean training loss since the last save, and with `resume` continues
+    from the latest checkpoint (with any number of devices).
+
     Returns:
-      A dict with the per-step `losses`, `step_seconds` (first step, the trace, excluded) and
-      the trained `model`.
+      A dict with the `losses` and `step_seconds` of the steps run here (the first, the
+      trace, excluded from the seconds), the trained `model` and its checkpoint `manager`.
+
+    Raises:
+      ValueError: if `checkpoint_dir` already has checkpoints and `resume` is False.
     """
     images, labels = make_data(batch_size * 8, seed)
     model, optimizer = ConvNet(seed), towers.SGD(learning_rate)
+    manager, start = None, 0
+    if checkpoint_dir:
+        manager = towers.CheckpointManager(
+            checkpoint_dir, model, optimizer, every_n_steps=save_every or None, monitor="min"
+        )
+        if manager.steps and not resume:
+            raise ValueError(
+                f"{checkpoint_dir!r} already holds checkpoints (steps {manager.steps}); pass "
+                "--resume to continue that run or choose another --checkpoint_dir."
+            )
+        start = manager.restore_latest()
 
     def loss_fn(shard):
         shard_images, shard_labels = shard
@@ -98,29 +129,39 @@ def train(
         return loss
 
     losses, seconds = [], []
-    for i in range(steps):
-        start = i * batch_size % len(images)
+    for i in range(start, steps):
+        first = i * batch_size % len(images)
         batch = (
-            tf.constant(images[start : start + batch_size]),
-            tf.constant(labels[start : start + batch_size]),
+            tf.constant(images[first : first + batch_size]),
+            tf.constant(labels[first : first + batch_size]),
         )
         began = time.perf_counter()
         losses.append(float(step(batch)))
         seconds.append(time.perf_counter() - began)
         if log_every and (i + 1) % log_every == 0:
             logging.info(
-                "step %d  loss %.4f  %.0f examples/s",
+                "step %d  mean loss %.4f  %.0f examples/s",
                 i + 1,
-                losses[-1],
+                statistics.mean(losses[-log_every:]),
                 batch_size / statistics.median(seconds[-log_every:]),
             )
-    return {"losses": losses, "step_seconds": seconds[1:], "model": model}
+        if manager:
+            manager.step_end(i + 1, value=statistics.mean(losses[-(save_every or 1) :]))
+    if manager and losses and manager.steps[-1:] != [steps]:
+        manager.save(steps, value=statistics.mean(losses[-(save_every or 1) :]))
+    return {"losses": losses, "step_seconds": seconds[1:], "model": model, "manager": manager}
 
 
 def choose_devices(num_towers: int) -> list[str]:
-    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU."""
+    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU.
+
+    A process whose CPU is already split into enough logical devices is left as it is.
+    """
     if not tf.config.list_physical_devices("GPU"):
-        towers.simulate_devices(max(num_towers, 4))
+        wanted = max(num_towers, 4)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:
+            towers.simulate_devices(wanted)
     return towers.list_devices(num=num_towers or None)
 
 
@@ -129,12 +170,25 @@ def main(argv: list[str]) -> None:
     del argv
     devices = choose_devices(_TOWERS.value)
     logging.info("training on %d towers: %s", len(devices), devices)
-    result = train(devices, _BATCH.value, _STEPS.value, _LR.value, log_every=_LOG_EVERY.value)
+    result = train(
+        devices,
+        _BATCH.value,
+        _STEPS.value,
+        _LR.value,
+        log_every=_LOG_EVERY.value,
+        checkpoint_dir=_CHECKPOINT_DIR.value,
+        save_every=_SAVE_EVERY.value,
+        resume=_RESUME.value,
+    )
+    if result["manager"]:
+        logging.info("best weights: %s", result["manager"].best_weights)
+    if len(result["step_seconds"]) < 2:
+        return
     median = statistics.median(result["step_seconds"])
     logging.info(
-        "loss %.4f -> %.4f; median step %.2f ms, %.0f examples/s",
+        "loss %.4f -> %.4f (mean of the last 10); median step %.2f ms, %.0f examples/s",
         result["losses"][0],
-        result["losses"][-1],
+        statistics.mean(result["losses"][-10:]),
         median * 1e3,
         _BATCH.value / median,
     )

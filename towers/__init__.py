@@ -7,25 +7,36 @@ gradients (you see and may change them), apply them, merge the outputs:
     loss, outputs = towers.train_step(loss_fn, model, towers.SGD(0.1), batch, devices)
 
 or the same stages one by one with `ops.split_batch`, `towers.replicate`,
-`ops.average_gradients` and `ops.merge_outputs`.
+`ops.average_gradients` and `ops.merge_outputs`. Weights are saved and restored under
+tower-free names with `save_weights`/`restore_weights`, and `CheckpointManager` keeps the
+last and the best checkpoints of a run and resumes it with any number of towers.
 """
 
 import ops  # noqa: F401  (first: gives the one clear message when TensorFlow is missing)
+from towers._checkpoints import CheckpointManager
 from towers._context import TowerContext, current_tower
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
+from towers._named import named_variables
 from towers._parameter_server import ParameterServer
 from towers._replicate import replicate
 from towers._sgd import SGD
 from towers._step import tower_gradients, train_step, variable_list
+from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
 
 __all__ = [
     "SGD",
+    "CheckpointManager",
     "ParameterServer",
+    "RestoreReport",
     "TowerContext",
     "canonical_device",
     "current_tower",
     "list_devices",
+    "named_variables",
+    "read_weights",
     "replicate",
+    "restore_weights",
+    "save_weights",
     "session_config",
     "simulate_devices",
     "tower_gradients",

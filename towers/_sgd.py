@@ -3,14 +3,16 @@
 from collections.abc import Iterable
 
 from ops._tensorflow import tf
+from towers._named import canonical_name
 
 
 class SGD(tf.Module):
     """Stochastic gradient descent: `v -= lr * g`, or with momentum `m = mu * m + g; v -= lr * m`.
 
     Updates are built on each variable's device. Sparse gradients (`tf.IndexedSlices`) update
-    only their rows when there is no momentum. Momentum slots are created on the first
-    `apply_gradients`, next to their variables, and are visible as `optimizer.variables`.
+    only their rows when there is no momentum. Momentum slots live next to their variables,
+    keyed by the variable's tower-free name in `optimizer.slots`; `build(variables)` creates
+    them up front (a checkpoint restore needs them), else the first `apply_gradients` does.
 
     Args:
       learning_rate: The step size, a float or a scalar tensor or variable.
@@ -21,7 +23,7 @@ class SGD(tf.Module):
       ValueError: if `momentum` is outside [0, 1).
     """
 
-    _TF_MODULE_IGNORED_PROPERTIES = frozenset({"_slot_of"})
+    _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_slot_of"}
 
     def __init__(
         self, learning_rate: float | tf.Tensor = 0.01, momentum: float = 0.0, name: str = "SGD"
@@ -31,7 +33,7 @@ class SGD(tf.Module):
             raise ValueError(f"`momentum` must be in [0, 1); got momentum={momentum}.")
         self.learning_rate = learning_rate
         self.momentum = momentum
-        self.slots: list[tf.Variable] = []
+        self.slots: dict[str, tf.Variable] = {}  # canonical variable name -> momentum
         self._slot_of: dict = {}  # variable.ref() -> its momentum slot
 
     def apply_gradients(
@@ -53,6 +55,19 @@ class SGD(tf.Module):
                 updates.append(self._update(grad, var))
         return tf.group(updates)
 
+    def build(self, variables: Iterable[tf.Variable]) -> None:
+        """Creates the optimizer's state for `variables` (momentum slots; none without momentum).
+
+        Args:
+          variables: The variables this optimizer will update.
+
+        Raises:
+          ValueError: if two variables share a name, which slots are keyed by.
+        """
+        if self.momentum:
+            for var in variables:
+                self._slot(var)
+
     def _update(self, grad, var) -> tf.Operation:
         lr = tf.cast(self.learning_rate, var.dtype)
         if self.momentum == 0.0:
@@ -65,12 +80,16 @@ class SGD(tf.Module):
 
     def _slot(self, var: tf.Variable) -> tf.Variable:
         if var.ref() not in self._slot_of:
+            key = canonical_name(var.name)
+            if key in self.slots:
+                raise ValueError(
+                    f"SGD keys its momentum by variable name, and two variables are named "
+                    f"{key!r}. Give them distinct names (e.g. build them in distinct name scopes)."
+                )
             with tf.init_scope(), tf.device(var.device):
                 slot = tf.Variable(
-                    tf.zeros(var.shape, var.dtype),
-                    trainable=False,
-                    name=var.name.split(":")[0] + "/momentum",
+                    tf.zeros(var.shape, var.dtype), trainable=False, name=f"{key}/momentum"
                 )
-            self.slots.append(slot)
+            self.slots[key] = slot
             self._slot_of[var.ref()] = slot
         return self._slot_of[var.ref()]

@@ -1,0 +1,169 @@
+"""Saving and restoring plain weights that any single-device program can load."""
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ops._tensorflow import tf
+from towers import _formats
+from towers._checkpoint_files import latest_checkpoint_file
+from towers._named import Target, named_variables
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreReport:
+    """What `restore_weights` did.
+
+    Attributes:
+      restored: Names whose values were loaded.
+      missing: Names of the target that the file lacks.
+      unexpected: Names in the file that the target lacks.
+      mismatched: One line per name whose shape or dtype differs, file against variable.
+    """
+
+    restored: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Whether file and target matched exactly."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+
+def save_weights(target: Target, path: str, *, session: tf.compat.v1.Session | None = None) -> None:
+    """Saves the variables of `target` under canonical, tower-free names.
+
+    The format follows the suffix: `.npz`, `.h5`, anything else a TensorFlow checkpoint
+    directory readable with `tf.train.load_checkpoint(path)`. The file is written under a
+    temporary name, flushed to disk and renamed into place: a crash leaves the old file whole.
+
+    Args:
+      target: A `tf.Module` (names are attribute paths), a list of `tf.Variable`s or a dict
+        of name to variable.
+      path: Where to write.
+      session: For variables of a v1 graph, the session holding their values.
+
+    Raises:
+      TypeError: if `target` is of another type, or a dtype cannot be held by the format.
+      ValueError: if a list target has two variables of one name.
+    """
+    variables = named_variables(target)
+    _formats.write(os.fspath(path), _values(variables, session))
+
+
+def restore_weights(
+    target: Target, path: str, *, strict: bool = True, session: tf.compat.v1.Session | None = None
+) -> RestoreReport:
+    """Loads weights saved by `save_weights` (or any file of the same names) into `target`.
+
+    Nothing is reshaped or cast. Strict by default: any missing or unexpected name, or a shape
+    or dtype mismatch, raises one error listing all of them, and nothing is assigned. With
+    `strict=False` the matching variables are loaded and the report says what was skipped.
+
+    Args:
+      target: As for `save_weights`.
+      path: A `.npz`, a `.h5`, or a TensorFlow checkpoint directory or prefix.
+      strict: Whether anything but an exact match is an error.
+      session: For variables of a v1 graph, the session to assign them in.
+
+    Returns:
+      A `RestoreReport`.
+
+    Raises:
+      FileNotFoundError: if `path` does not exist (naming the latest checkpoint nearby, if any).
+      ValueError: if the file is corrupt or of another format than its suffix, or (strict) the
+        names, shapes or dtypes do not match.
+    """
+    path = os.fspath(path)
+    variables = named_variables(target)
+    try:
+        arrays = _formats.read(path)
+    except FileNotFoundError as error:
+        latest = latest_checkpoint_file(path) or latest_checkpoint_file(os.path.dirname(path))
+        hint = f" The latest checkpoint found there is {latest!r}." if latest else ""
+        raise FileNotFoundError(f"{error}{hint}") from None
+    return restore_arrays(variables, arrays, path, strict=strict, session=session)
+
+
+def read_weights(path: str) -> dict[str, np.ndarray]:
+    """Every array of a weights file, by name; for inspection and conversion.
+
+    Raises:
+      FileNotFoundError, ValueError: as `restore_weights`.
+    """
+    return _formats.read(os.fspath(path))
+
+
+def restore_arrays(
+    variables: dict[str, tf.Variable],
+    arrays: dict[str, np.ndarray],
+    where: str,
+    *,
+    strict: bool = True,
+    session=None,
+) -> RestoreReport:
+    """Assigns `arrays` to the variables of the same names; see `restore_weights`."""
+    report = _match(variables, arrays)
+    if strict and not report.complete:
+        raise ValueError(
+            f"Weights in {where!r} do not match the target; nothing was restored."
+            f"{_describe(report)}\nPass strict=False to load what matches."
+        )
+    _assign({n: variables[n] for n in report.restored}, arrays, session)
+    return report
+
+
+def _values(variables: dict[str, tf.Variable], session) -> dict[str, np.ndarray]:
+    if session is not None:
+        values = session.run(list(variables.values()))
+        return {name: np.asarray(value) for name, value in zip(variables, values)}
+    try:
+        return {name: np.asarray(var.numpy()) for name, var in variables.items()}
+    except NotImplementedError:
+        raise ValueError(
+            "These variables belong to a v1 graph; pass the session that holds their values: "
+            "save_weights(target, path, session=sess)."
+        ) from None
+
+
+def _match(variables: dict[str, tf.Variable], arrays: dict[str, np.ndarray]) -> RestoreReport:
+    restored, mismatched = [], []
+    for name in variables.keys() & arrays.keys():
+        var, array = variables[name], arrays[name]
+        if tuple(var.shape) != array.shape or var.dtype.as_numpy_dtype != array.dtype:
+            mismatched.append(
+                f"{name}: file {array.dtype}{list(array.shape)}, variable "
+                f"{var.dtype.name}{var.shape.as_list()}"
+            )
+        else:
+            restored.append(name)
+    return RestoreReport(
+        restored=tuple(n for n in variables if n in restored),
+        missing=tuple(n for n in variables if n not in arrays),
+        unexpected=tuple(n for n in arrays if n not in variables),
+        mismatched=tuple(sorted(mismatched)),
+    )
+
+
+def _describe(report: RestoreReport) -> str:
+    lines = []
+    for label, names in (
+        ("missing from the file", report.missing),
+        ("unexpected in the file", report.unexpected),
+        ("shape or dtype mismatch", report.mismatched),
+    ):
+        lines += [f"\n  {label}: {name}" for name in names]
+    return "".join(lines)
+
+
+def _assign(variables: dict[str, tf.Variable], arrays: dict[str, np.ndarray], session) -> None:
+    if session is None:
+        for name, var in variables.items():
+            var.assign(arrays[name])
+        return
+    # Feeding each initializer's value assigns without adding ops to the user's graph.
+    feeds = {var.initializer.inputs[1]: arrays[name] for name, var in variables.items()}
+    session.run([var.initializer for var in variables.values()], feeds)
