@@ -42,20 +42,7 @@ def average_gradients(
       >>> grads = ops.average_gradients(tower_grads, weights=ops.shard_sizes(batch, k))
       >>> optimizer.apply_gradients(zip(grads, variables))
     """
-    tower_grads = [list(grads) for grads in tower_grads]
-    if not tower_grads:
-        raise ValueError("`tower_grads` must hold at least one tower's gradients; got [].")
-    num_vars = len(tower_grads[0])
-    for i, grads in enumerate(tower_grads):
-        if len(grads) != num_vars:
-            raise ValueError(
-                f"Every tower must have one gradient per variable; tower 0 has {num_vars} and "
-                f"tower {i} has {len(grads)}."
-            )
-    if variables is not None and len(variables) != num_vars:
-        raise ValueError(
-            f"`variables` must match the {num_vars} gradients per tower; got {len(variables)}."
-        )
+    tower_grads = check_tower_grads(tower_grads, variables)
     norm = (
         None
         if len(tower_grads) == 1 and weights is None
@@ -71,9 +58,55 @@ def average_gradients(
 
 def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Gradient:
     """Averages one variable's gradients over the towers."""
+    if not check_column(grads, name):
+        return None
+    if weights is None:
+        return grads[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in grads):
+        return tf.IndexedSlices(
+            values=tf.concat([scale(g.values, w) for g, w in zip(grads, weights)], axis=0),
+            indices=tf.concat([g.indices for g in grads], axis=0),
+            dense_shape=grads[0].dense_shape,
+        )
+    dense = next(g for g in grads if not isinstance(g, tf.IndexedSlices))
+    grads = [densify(g, dense) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    dtype = grads[0].dtype
+    wide = accumulation_dtype(dtype)
+    total = tf.add_n([tf.cast(g, wide) * tf.cast(w, wide) for g, w in zip(grads, weights)])
+    return tf.cast(total, dtype)
+
+
+def check_tower_grads(
+    tower_grads: Sequence[Sequence[Gradient]], variables: Sequence[tf.Variable] | None
+) -> list[list[Gradient]]:
+    """`tower_grads` as K lists of N, checked to be rectangular and to match `variables`."""
+    tower_grads = [list(grads) for grads in tower_grads]
+    if not tower_grads:
+        raise ValueError("`tower_grads` must hold at least one tower's gradients; got [].")
+    num_vars = len(tower_grads[0])
+    for i, grads in enumerate(tower_grads):
+        if len(grads) != num_vars:
+            raise ValueError(
+                f"Every tower must have one gradient per variable; tower 0 has {num_vars} and "
+                f"tower {i} has {len(grads)}."
+            )
+    if variables is not None and len(variables) != num_vars:
+        raise ValueError(
+            f"`variables` must match the {num_vars} gradients per tower; got {len(variables)}."
+        )
+    return tower_grads
+
+
+def check_column(grads: Sequence[Gradient], name: str) -> bool:
+    """Whether one variable's K gradients exist: False if all are None, else checks them.
+
+    Raises:
+      ValueError: if some towers have None and others not.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+    """
     missing = [i for i, g in enumerate(grads) if g is None]
     if len(missing) == len(grads):
-        return None
+        return False
     if missing:
         raise ValueError(
             f"The gradient of variable {name} is None in towers {missing} but not in the others. "
@@ -85,33 +118,20 @@ def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Grad
                 f"Gradients must be tf.Tensor, tf.IndexedSlices or None; variable {name} has "
                 f"{type(g).__name__} in tower {i}."
             )
-    if weights is None:
-        return grads[0]
-    if all(isinstance(g, tf.IndexedSlices) for g in grads):
-        return tf.IndexedSlices(
-            values=tf.concat([_scale(g.values, w) for g, w in zip(grads, weights)], axis=0),
-            indices=tf.concat([g.indices for g in grads], axis=0),
-            dense_shape=grads[0].dense_shape,
-        )
-    dense = next(g for g in grads if not isinstance(g, tf.IndexedSlices))
-    grads = [_densify(g, dense) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    dtype = grads[0].dtype
-    wide = _accumulation_dtype(dtype)
-    total = tf.add_n([tf.cast(g, wide) * tf.cast(w, wide) for g, w in zip(grads, weights)])
-    return tf.cast(total, dtype)
+    return True
 
 
-def _accumulation_dtype(dtype: tf.DType) -> tf.DType:
+def accumulation_dtype(dtype: tf.DType) -> tf.DType:
     return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
 
 
-def _scale(values: tf.Tensor, weight: Weight) -> tf.Tensor:
+def scale(values: tf.Tensor, weight: Weight) -> tf.Tensor:
     """`values * weight`, computed in float32 for half-precision values."""
-    wide = _accumulation_dtype(values.dtype)
+    wide = accumulation_dtype(values.dtype)
     return tf.cast(tf.cast(values, wide) * tf.cast(weight, wide), values.dtype)
 
 
-def _densify(grad: tf.IndexedSlices, like: tf.Tensor) -> tf.Tensor:
+def densify(grad: tf.IndexedSlices, like: tf.Tensor) -> tf.Tensor:
     """The dense tensor of `grad`, shaped like the dense gradient `like`."""
     num_rows = tf.shape(like, out_type=grad.indices.dtype)[0]
     dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, num_rows)

@@ -19,17 +19,21 @@ from towers._devices import canonical_device, list_devices, session_config, simu
 from towers._named import named_variables
 from towers._parameter_server import ParameterServer
 from towers._replicate import replicate
+from towers._replicated import Replicated, check_replicas_identical
 from towers._sgd import SGD
-from towers._step import tower_gradients, train_step, variable_list
+from towers._step import apply_replicated, tower_gradients, train_step, variable_list
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
 
 __all__ = [
     "SGD",
     "CheckpointManager",
     "ParameterServer",
+    "Replicated",
     "RestoreReport",
     "TowerContext",
+    "apply_replicated",
     "canonical_device",
+    "check_replicas_identical",
     "current_tower",
     "list_devices",
     "named_variables",

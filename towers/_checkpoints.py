@@ -11,7 +11,7 @@ import numpy as np
 from towers import _formats
 from towers._atomic import atomic_write_text
 from towers._checkpoint_files import INDEX, checkpoint_file
-from towers._named import Target, named_variables
+from towers._named import Target, named_variables, variable_copies
 from towers._weights_io import restore_arrays, restore_weights, save_weights
 
 _STEP = "__step__"
@@ -151,13 +151,14 @@ class CheckpointManager:
         if self.optimizer is not None:
             self._build_optimizer()
             state = {k: v for k, v in arrays.items() if k != _STEP}
-            restore_arrays(named_variables(self.optimizer), state, latest["state"])
+            restore_arrays(variable_copies(self.optimizer), state, latest["state"])
         return int(arrays[_STEP])
 
     def _build_optimizer(self) -> None:
         """Creates all of the optimizer's lazy state, so saved and restored state agree."""
         if hasattr(self.optimizer, "build"):
-            self.optimizer.build(named_variables(self.model).values())
+            copies = variable_copies(self.model).values()
+            self.optimizer.build([var for group in copies for var in group])
 
     def _improves(self, value: float) -> bool:
         best = self.best_value

@@ -18,6 +18,8 @@ def named_variables(target: Target) -> dict[str, tf.Variable]:
       single-device program that build the same module (name scopes play no part).
     * A list of variables: their names without ":0" and without tower or replica scopes.
     * A dict of name to variable: the names as given.
+    * Anything with `variable_copies()` (`towers.Replicated`, `towers.SGD`): one name per
+      variable, the first copy.
 
     Args:
       target: A `tf.Module`, a list of `tf.Variable`s or a dict of name to variable.
@@ -29,6 +31,8 @@ def named_variables(target: Target) -> dict[str, tf.Variable]:
       TypeError: if `target` or an entry is of another type.
       ValueError: if two variables of a list share a name.
     """
+    if hasattr(target, "variable_copies"):
+        return {name: copies[0] for name, copies in target.variable_copies().items()}
     if isinstance(target, tf.Module):
         found: dict[str, tf.Variable] = {}
         _walk(target, (), found, set())
@@ -57,6 +61,13 @@ def named_variables(target: Target) -> dict[str, tf.Variable]:
             )
         found[name] = var
     return found
+
+
+def variable_copies(target: Target) -> dict[str, tuple[tf.Variable, ...]]:
+    """Like `named_variables`, with every copy of a replicated variable, the first first."""
+    if hasattr(target, "variable_copies"):
+        return target.variable_copies()
+    return {name: (var,) for name, var in named_variables(target).items()}
 
 
 def canonical_name(name: str) -> str:

@@ -11,8 +11,8 @@ class SGD(tf.Module):
 
     Updates are built on each variable's device. Sparse gradients (`tf.IndexedSlices`) update
     only their rows when there is no momentum. Momentum slots live next to their variables,
-    keyed by the variable's tower-free name in `optimizer.slots`; `build(variables)` creates
-    them up front (a checkpoint restore needs them), else the first `apply_gradients` does.
+    keyed by the variable's name in `optimizer.slots`; `build(variables)` creates them up
+    front (a checkpoint restore needs them), else the first `apply_gradients` does.
 
     Args:
       learning_rate: The step size, a float or a scalar tensor or variable.
@@ -33,7 +33,7 @@ class SGD(tf.Module):
             raise ValueError(f"`momentum` must be in [0, 1); got momentum={momentum}.")
         self.learning_rate = learning_rate
         self.momentum = momentum
-        self.slots: dict[str, tf.Variable] = {}  # canonical variable name -> momentum
+        self.slots: dict[str, tf.Variable] = {}  # variable name (no ":0") -> momentum
         self._slot_of: dict = {}  # variable.ref() -> its momentum slot
 
     def apply_gradients(
@@ -68,6 +68,22 @@ class SGD(tf.Module):
             for var in variables:
                 self._slot(var)
 
+    def variable_copies(self) -> dict[str, tuple[tf.Variable, ...]]:
+        """The momentum slots by tower-free variable name; replicas' slots are copies.
+
+        With `towers.Replicated`, copies "replica_1/w"... of variable "w" each have a slot;
+        they are saved once under "slots/w" and restored into every copy, so optimizer state
+        moves between tower counts like the weights do.
+        """
+        grouped: dict[str, list] = {}
+        for key, slot in self.slots.items():
+            grouped.setdefault(f"slots/{canonical_name(key)}", []).append((key, slot))
+        # The copy named like its group (the first replica's) comes first.
+        return {
+            name: tuple(s for _, s in sorted(group, key=lambda p: p[0] != name[6:]))
+            for name, group in grouped.items()
+        }
+
     def _update(self, grad, var) -> tf.Operation:
         lr = tf.cast(self.learning_rate, var.dtype)
         if self.momentum == 0.0:
@@ -80,7 +96,7 @@ class SGD(tf.Module):
 
     def _slot(self, var: tf.Variable) -> tf.Variable:
         if var.ref() not in self._slot_of:
-            key = canonical_name(var.name)
+            key = var.name.rsplit(":", 1)[0]
             if key in self.slots:
                 raise ValueError(
                     f"SGD keys its momentum by variable name, and two variables are named "

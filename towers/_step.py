@@ -6,10 +6,12 @@ from typing import Any, Protocol
 
 import ops
 from ops._tensorflow import tf
+from towers._devices import canonical_device
 from towers._parameter_server import ParameterServer
 from towers._replicate import replicate
+from towers._replicated import Replicated
 
-Variables = Sequence[tf.Variable] | tf.Module
+Variables = Sequence[tf.Variable] | tf.Module | Replicated
 GradientHook = Callable[[list, list], Sequence]
 
 
@@ -56,7 +58,8 @@ def variable_list(variables: Variables) -> list[tf.Variable]:
     """The list of variables named by `variables`.
 
     Args:
-      variables: A sequence of `tf.Variable`, or a `tf.Module` (its trainable variables).
+      variables: A sequence of `tf.Variable`, a `tf.Module` (its trainable variables), or a
+        `Replicated` (the current tower's replica's).
 
     Returns:
       The variables, as a list.
@@ -64,6 +67,8 @@ def variable_list(variables: Variables) -> list[tf.Variable]:
     Raises:
       ValueError: if there are none, or something else than a variable is among them.
     """
+    if isinstance(variables, Replicated):
+        variables = variables.local()
     found = list(variables.trainable_variables if isinstance(variables, tf.Module) else variables)
     if not found or not all(isinstance(v, tf.Variable) for v in found):
         raise ValueError(
@@ -95,14 +100,16 @@ def train_step(
     Args:
       loss_fn: Called once per tower with its shard; returns the mean loss over the shard, or
         `(loss, outputs)`.
-      variables: The variables to train, or a `tf.Module` whose trainable variables are used.
+      variables: The variables to train, a `tf.Module` whose trainable variables are used,
+        or a `towers.Replicated` model (one copy per device, gradients all-reduced).
       optimizer: Anything with `apply_gradients`, e.g. `towers.SGD(0.1)`.
       inputs: The whole batch, a nested structure of tensors.
       devices: One device per tower.
       gradient_hook: Called as `hook(grads, variables)` with the averaged gradients; returns
         the gradients to apply (clip, mask, log). None gradients may stay None.
       merge: How to merge the outputs, as `ops.merge_outputs`'s `mode`.
-      variable_strategy: Where variables created in towers live; default the CPU.
+      variable_strategy: Where variables created in towers live; default the CPU. Ignored
+        for `Replicated` variables, which are their own strategy.
       split_device: Where the batch is split.
       merge_device: Where the losses and outputs are merged.
 
@@ -117,13 +124,20 @@ def train_step(
     shards = ops.split_batch(inputs, len(devices), device=split_device)
     sizes = ops.shard_sizes(inputs, len(devices))
     tower_fn = functools.partial(tower_gradients, loss_fn, variables)
+    if isinstance(variables, Replicated):
+        variable_strategy = _matching(variables, devices)
     per_tower = replicate(tower_fn, shards, devices, variable_strategy=variable_strategy)
     losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
-    var_list = variable_list(variables)
-    grads = ops.average_gradients(tower_grads, weights=sizes, variables=var_list)
-    if gradient_hook is not None:
-        grads = _checked(gradient_hook(grads, var_list), len(var_list))
-    update = optimizer.apply_gradients([(g, v) for g, v in zip(grads, var_list) if g is not None])
+    if isinstance(variables, Replicated):
+        update = apply_replicated(variables, tower_grads, sizes, optimizer, gradient_hook)
+    else:
+        var_list = variable_list(variables)
+        grads = ops.average_gradients(tower_grads, weights=sizes, variables=var_list)
+        if gradient_hook is not None:
+            grads = _checked(gradient_hook(grads, var_list), len(var_list))
+        update = optimizer.apply_gradients(
+            [(g, v) for g, v in zip(grads, var_list) if g is not None]
+        )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
@@ -132,6 +146,50 @@ def train_step(
     with tf.control_dependencies(_ops_of(update)):
         loss = tf.identity(loss)
     return loss, outputs
+
+
+def apply_replicated(
+    replicas: Replicated,
+    tower_grads: list,
+    sizes: list,
+    optimizer: Optimizer,
+    gradient_hook: GradientHook | None = None,
+) -> list:
+    """All-reduces tower gradients and applies the same update to every replica.
+
+    Args:
+      replicas: The `Replicated` model.
+      tower_grads: `K x N` gradients, tower i's for replica i's variables.
+      sizes: The shard sizes (weights of the mean).
+      optimizer: Applies each replica's update on its device; state per copy.
+      gradient_hook: As in `train_step`, called once per replica with its (identical)
+        reduced gradients; it must treat them alike to keep the replicas identical.
+
+    Returns:
+      The K optimizer updates.
+    """
+    reduced = replicas.all_reduce(tower_grads, weights=sizes)
+    updates = []
+    for i, (grads, device) in enumerate(zip(reduced, replicas.devices)):
+        var_list = replicas.variables_of(i)
+        with tf.device(device):
+            if gradient_hook is not None:
+                grads = _checked(gradient_hook(grads, var_list), len(var_list))
+            updates.append(
+                optimizer.apply_gradients(
+                    [(g, v) for g, v in zip(grads, var_list) if g is not None]
+                )
+            )
+    return updates
+
+
+def _matching(replicas: Replicated, devices: Sequence[str]) -> Replicated:
+    if [canonical_device(d) for d in devices] != replicas.devices:
+        raise ValueError(
+            f"`devices` must be the devices of the Replicated variables; got {list(devices)}, "
+            f"replicas on {replicas.devices}."
+        )
+    return replicas
 
 
 def _checked(grads: Sequence, num_vars: int) -> list:

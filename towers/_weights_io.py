@@ -8,7 +8,7 @@ import numpy as np
 from ops._tensorflow import tf
 from towers import _formats
 from towers._checkpoint_files import latest_checkpoint_file
-from towers._named import Target, named_variables
+from towers._named import Target, named_variables, variable_copies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,14 +78,14 @@ def restore_weights(
         names, shapes or dtypes do not match.
     """
     path = os.fspath(path)
-    variables = named_variables(target)
+    copies = variable_copies(target)
     try:
         arrays = _formats.read(path)
     except FileNotFoundError as error:
         latest = latest_checkpoint_file(path) or latest_checkpoint_file(os.path.dirname(path))
         hint = f" The latest checkpoint found there is {latest!r}." if latest else ""
         raise FileNotFoundError(f"{error}{hint}") from None
-    return restore_arrays(variables, arrays, path, strict=strict, session=session)
+    return restore_arrays(copies, arrays, path, strict=strict, session=session)
 
 
 def read_weights(path: str) -> dict[str, np.ndarray]:
@@ -98,21 +98,21 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
 
 
 def restore_arrays(
-    variables: dict[str, tf.Variable],
+    copies: dict[str, tuple[tf.Variable, ...]],
     arrays: dict[str, np.ndarray],
     where: str,
     *,
     strict: bool = True,
     session=None,
 ) -> RestoreReport:
-    """Assigns `arrays` to the variables of the same names; see `restore_weights`."""
-    report = _match(variables, arrays)
+    """Assigns `arrays` to every copy of the same-named variables (see `restore_weights`)."""
+    report = _match({name: c[0] for name, c in copies.items()}, arrays)
     if strict and not report.complete:
         raise ValueError(
             f"Weights in {where!r} do not match the target; nothing was restored."
             f"{_describe(report)}\nPass strict=False to load what matches."
         )
-    _assign({n: variables[n] for n in report.restored}, arrays, session)
+    _assign({n: copies[n] for n in report.restored}, arrays, session)
     return report
 
 
@@ -159,11 +159,14 @@ def _describe(report: RestoreReport) -> str:
     return "".join(lines)
 
 
-def _assign(variables: dict[str, tf.Variable], arrays: dict[str, np.ndarray], session) -> None:
+def _assign(copies: dict[str, tuple], arrays: dict[str, np.ndarray], session) -> None:
+    pairs = [(var, arrays[name]) for name, group in copies.items() for var in group]
     if session is None:
-        for name, var in variables.items():
-            var.assign(arrays[name])
+        for var, value in pairs:
+            var.assign(value)
         return
     # Feeding each initializer's value assigns without adding ops to the user's graph.
-    feeds = {var.initializer.inputs[1]: arrays[name] for name, var in variables.items()}
-    session.run([var.initializer for var in variables.values()], feeds)
+    session.run(
+        [var.initializer for var, _ in pairs],
+        {var.initializer.inputs[1]: value for var, value in pairs},
+    )
