@@ -5,16 +5,9 @@ They know nothing of towers, training or files, and work inside `tf.function` an
 `K x N` lists (towers x variables) aligned with one list of variables.
 """
 
-from ops._all_reduce import (
-    ALGORITHMS,
-    AllReduce,
-    Auto,
-    Collective,
-    Nccl,
-    ReduceBroadcast,
-    Ring,
-    all_reduce_algorithm,
-)
+from ops._all_reduce import AllReduce, ReduceBroadcast, Ring
+from ops._all_reduce_choice import ALGORITHMS, Auto, all_reduce_algorithm
+from ops._all_reduce_native import Collective, Nccl
 from ops._grad_lists import merge_grad_list, split_grad_list
 from ops._gradients import average_gradients
 from ops._merge import MODES, merge_outputs

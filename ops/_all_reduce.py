@@ -1,6 +1,5 @@
 """All-reduce algorithms sharing one contract: K values on K devices in, K sums out."""
 
-import itertools
 from collections.abc import Sequence
 
 from ops._tensorflow import tf
@@ -20,6 +19,7 @@ class AllReduce:
 
     name = "base"
 
+    @tf.autograph.experimental.do_not_convert
     def __call__(
         self,
         values: Sequence[tf.Tensor],
@@ -73,7 +73,7 @@ def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
         )
 
 
-def _to_wire(value: tf.Tensor, wire_dtype) -> tf.Tensor:
+def to_wire(value: tf.Tensor, wire_dtype) -> tf.Tensor:
     return value if wire_dtype is None else tf.cast(value, wire_dtype)
 
 
@@ -94,9 +94,9 @@ class ReduceBroadcast(AllReduce):
         sent = []
         for value, device in zip(values, devices):
             with tf.device(device):
-                sent.append(_to_wire(value, wire_dtype))
+                sent.append(to_wire(value, wire_dtype))
         with tf.device(self.reduce_device or devices[0]):
-            total = _to_wire(tf.add_n([tf.cast(v, dtype) for v in sent]), wire_dtype)
+            total = to_wire(tf.add_n([tf.cast(v, dtype) for v in sent]), wire_dtype)
         out = []
         for device in devices:
             with tf.device(device):
@@ -130,11 +130,11 @@ class Ring(AllReduce):
         for c in range(k):
             first = (c + 1) % k
             with tf.device(devices[first]):
-                acc = _to_wire(chunks[first][c], wire_dtype)
+                acc = to_wire(chunks[first][c], wire_dtype)
             for hop in range(2, k + 1):
                 d = (c + hop) % k
                 with tf.device(devices[d]):
-                    acc = _to_wire(tf.cast(acc, dtype) + chunks[d][c], wire_dtype)
+                    acc = to_wire(tf.cast(acc, dtype) + chunks[d][c], wire_dtype)
             sums.append(acc)
         out = []
         for device in devices:
@@ -142,140 +142,3 @@ class Ring(AllReduce):
                 gathered = tf.concat([tf.cast(tf.identity(s), dtype) for s in sums], axis=0)
                 out.append(tf.reshape(gathered, shape))
         return out
-
-
-class Collective(AllReduce):
-    """TensorFlow's collective all-reduce (`CollectiveReduceV2`; NCCL on GPUs).
-
-    Each device's collectives are ordered by a per-device token (a resource variable), as
-    TensorFlow's own `CollectiveAllReduce` does: without that order the K ops of one function
-    may start in different orders on different devices and wait for each other forever.
-    Build it inside `tf.function`; a v1 graph has no automatic ordering. With `wire_dtype`
-    the sum itself runs in that dtype.
-
-    Args:
-      timeout_seconds: How long a collective may wait for its peers before failing.
-    """
-
-    name = "collective"
-    _group_keys = itertools.count(1)  # group keys must be unique in the process
-
-    def __init__(self, timeout_seconds: float = 120.0):
-        self.timeout_seconds = timeout_seconds
-        self._tokens: dict[str, tf.Variable] = {}
-        self._groups: dict[tuple, int] = {}
-        self._instance_keys = itertools.count(1)
-
-    def _sum(self, values, devices, wire_dtype):
-        if not tf.compat.v1.executing_eagerly_outside_functions():
-            raise ValueError(
-                "The 'collective' all-reduce needs tf.function (TF2); in a v1 graph use 'ring' "
-                "or 'reduce_broadcast'."
-            )
-        group = self._groups.setdefault(tuple(devices), next(Collective._group_keys))
-        instance = next(self._instance_keys)
-        out = []
-        for value, device in zip(values, devices):
-            with tf.device(device):
-                summed = tf.raw_ops.CollectiveReduceV2(
-                    input=_to_wire(value, wire_dtype),
-                    group_size=len(devices),
-                    group_key=group,
-                    instance_key=instance,
-                    ordering_token=[self._token(device).handle],
-                    merge_op="Add",
-                    final_op="Id",
-                    timeout_seconds=self.timeout_seconds,
-                )
-                out.append(tf.cast(summed, value.dtype))
-        return out
-
-    def _token(self, device: str) -> tf.Variable:
-        if device not in self._tokens:
-            with tf.init_scope(), tf.device(device):
-                self._tokens[device] = tf.Variable(0.0, trainable=False, name="ordering_token")
-        return self._tokens[device]
-
-
-class Nccl(AllReduce):
-    """NVIDIA NCCL all-reduce between the GPUs of one machine (`NcclAllReduce`).
-
-    The kernels exist only for GPUs: every device must be a GPU. With `wire_dtype` the sum
-    itself runs in that dtype.
-    """
-
-    name = "nccl"
-    _shared_names = itertools.count(1)
-
-    def _sum(self, values, devices, wire_dtype):
-        for device in devices:
-            if tf.DeviceSpec.from_string(device).device_type != "GPU":
-                raise ValueError(
-                    f"The 'nccl' all-reduce runs only on GPUs; got device {device!r}. Use "
-                    "'collective', 'ring' or 'reduce_broadcast' on CPUs."
-                )
-        shared_name = f"towers_nccl_{next(Nccl._shared_names)}"
-        out = []
-        for value, device in zip(values, devices):
-            with tf.device(device):
-                summed = tf.raw_ops.NcclAllReduce(
-                    input=_to_wire(value, wire_dtype),
-                    reduction="sum",
-                    num_devices=len(devices),
-                    shared_name=shared_name,
-                )
-                out.append(tf.cast(summed, value.dtype))
-        return out
-
-
-class Auto(AllReduce):
-    """Chooses by device type and size: NCCL between GPUs, otherwise by bytes on CPUs.
-
-    Args:
-      small_bytes: On CPUs, values up to this size go through `ReduceBroadcast` (fewest ops),
-        larger ones through `Ring` (spreads the additions over the devices).
-    """
-
-    name = "auto"
-
-    def __init__(self, small_bytes: int = 64 * 1024):
-        self.small_bytes = small_bytes
-        self._nccl, self._small, self._large = Nccl(), ReduceBroadcast(), Ring()
-
-    def choose(self, value: tf.Tensor, devices: Sequence[str]) -> AllReduce:
-        """The algorithm `Auto` uses for `value` on `devices`."""
-        if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices):
-            return self._nccl
-        elements = value.shape.num_elements()
-        if elements is not None and elements * value.dtype.size <= self.small_bytes:
-            return self._small
-        return self._large
-
-    def _sum(self, values, devices, wire_dtype):
-        return self.choose(values[0], devices)(values, devices, wire_dtype=wire_dtype)
-
-
-ALGORITHMS = ("auto", "collective", "nccl", "reduce_broadcast", "ring")
-_SHARED = {}
-
-
-def all_reduce_algorithm(algorithm: str | AllReduce) -> AllReduce:
-    """The algorithm named `algorithm` (one shared instance per name), or `algorithm` itself.
-
-    Args:
-      algorithm: One of `ALGORITHMS`, or an `AllReduce` instance.
-
-    Returns:
-      An `AllReduce`.
-
-    Raises:
-      ValueError: if the name is unknown.
-    """
-    if isinstance(algorithm, AllReduce):
-        return algorithm
-    classes = {c.name: c for c in (Auto, Collective, Nccl, ReduceBroadcast, Ring)}
-    if algorithm not in classes:
-        raise ValueError(f"`algorithm` must be one of {ALGORITHMS}; got {algorithm!r}.")
-    if algorithm not in _SHARED:
-        _SHARED[algorithm] = classes[algorithm]()
-    return _SHARED[algorithm]

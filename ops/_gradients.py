@@ -9,6 +9,7 @@ from ops._weights import Weight, normalized_weights
 Gradient = tf.Tensor | tf.IndexedSlices | None
 
 
+@tf.autograph.experimental.do_not_convert
 def average_gradients(
     tower_grads: Sequence[Sequence[Gradient]],
     weights: Sequence[Weight] | None = None,
@@ -70,10 +71,7 @@ def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Grad
         )
     dense = next(g for g in grads if not isinstance(g, tf.IndexedSlices))
     grads = [densify(g, dense) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    dtype = grads[0].dtype
-    wide = accumulation_dtype(dtype)
-    total = tf.add_n([tf.cast(g, wide) * tf.cast(w, wide) for g, w in zip(grads, weights)])
-    return tf.cast(total, dtype)
+    return weighted_sum(grads, weights)
 
 
 def check_tower_grads(
@@ -119,6 +117,17 @@ def check_column(grads: Sequence[Gradient], name: str) -> bool:
                 f"{type(g).__name__} in tower {i}."
             )
     return True
+
+
+def weighted_sum(values: Sequence[tf.Tensor], weights: Sequence[Weight]) -> tf.Tensor:
+    """`sum(w * v)`, accumulated in float32 for half precision; one multiply if weights agree."""
+    dtype = values[0].dtype
+    wide = accumulation_dtype(dtype)
+    if all(isinstance(w, float) for w in weights) and len(set(weights)) == 1:
+        total = tf.add_n([tf.cast(v, wide) for v in values]) * tf.cast(weights[0], wide)
+    else:
+        total = tf.add_n([tf.cast(v, wide) * tf.cast(w, wide) for v, w in zip(values, weights)])
+    return tf.cast(total, dtype)
 
 
 def accumulation_dtype(dtype: tf.DType) -> tf.DType:

@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
+from ops._gradients import weighted_sum
 from ops._nest import leaf_paths
 from ops._placement import device_scope
 from ops._tensorflow import tf
@@ -11,6 +12,7 @@ from ops._weights import Weight, normalized_weights
 MODES = ("concat", "mean", "sum", "stack")
 
 
+@tf.autograph.experimental.do_not_convert
 def merge_outputs(
     per_tower: Sequence[Any],
     mode: str | Any,
@@ -107,6 +109,4 @@ def _merge_leaf(values: list, mode: str, weights: list | None, path: str) -> tf.
             f"Mode 'mean' needs floating-point values; {where} is {dtype.name}. Use 'sum' or "
             "cast it first."
         )
-    wide = tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
-    total = tf.add_n([tf.cast(v, wide) * tf.cast(w, wide) for v, w in zip(values, weights)])
-    return tf.cast(total, dtype)
+    return weighted_sum(values, weights)

@@ -55,6 +55,7 @@ def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
     return PackSpec(tuple(sorted(buckets)), tuple(t.shape for t in tensors))
 
 
+@tf.autograph.experimental.do_not_convert
 def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     """Flattens and concatenates the tensors of each bucket: one 1-D tensor per bucket.
 
@@ -65,14 +66,19 @@ def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     Returns:
       One flat tensor per bucket; the inverse of `unpack`.
     """
+    flat = [_flat(t) for t in tensors]
     return [
-        tf.concat([tf.reshape(tensors[i], [-1]) for i in members], axis=0)
-        if len(members) > 1
-        else tf.reshape(tensors[members[0]], [-1])
+        tf.concat([flat[i] for i in members], axis=0) if len(members) > 1 else flat[members[0]]
         for members in spec.buckets
     ]
 
 
+def _flat(tensor: tf.Tensor) -> tf.Tensor:
+    # A vector is already flat: no Reshape op (packing must not cost more than it saves).
+    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
+
+
+@tf.autograph.experimental.do_not_convert
 def unpack(buckets: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     """Splits packed buckets back into tensors of their original shapes and order.
 
@@ -88,5 +94,5 @@ def unpack(buckets: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
         sizes = [spec.shapes[i].num_elements() for i in members]
         parts = tf.split(flat, sizes, num=len(sizes)) if len(sizes) > 1 else [flat]
         for i, part in zip(members, parts):
-            out[i] = tf.reshape(part, spec.shapes[i])
+            out[i] = part if spec.shapes[i].rank == 1 else tf.reshape(part, spec.shapes[i])
     return out

@@ -2,15 +2,17 @@
 
 from collections.abc import Sequence
 
-from ops._all_reduce import AllReduce, all_reduce_algorithm
+from ops._all_reduce import AllReduce
+from ops._all_reduce_choice import all_reduce_algorithm
 from ops._gradients import Gradient, accumulation_dtype, check_column, check_tower_grads, densify
-from ops._packing import pack, pack_spec, unpack
+from ops._packing import PackSpec, pack, pack_spec, unpack
 from ops._tensorflow import tf
 from ops._weights import Weight, normalized_weights
 
 SPARSE_MODES = ("gather", "dense")
 
 
+@tf.autograph.experimental.do_not_convert
 def all_reduce_gradients(
     tower_grads: Sequence[Sequence[Gradient]],
     devices: Sequence[str],
@@ -77,10 +79,10 @@ def all_reduce_gradients(
             for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
                 out[i][j] = gathered
         else:
-            dense_columns.append((j, _scaled_dense(list(column), devices, norm)))
+            dense_columns.append((j, _dense(list(column), devices)))
     if dense_columns:
         reduced = _reduce_dense(
-            [c for _, c in dense_columns], devices, algorithm, bucket_bytes, wire_dtype
+            [c for _, c in dense_columns], devices, norm, algorithm, bucket_bytes, wire_dtype
         )
         for i in range(len(devices)):
             for (j, _), value in zip(dense_columns, reduced[i]):
@@ -93,51 +95,59 @@ def _dtype_of(tower_grads: list, j: int) -> tf.DType:
     return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
 
 
-def _scaled_dense(column: list, devices: list, weights: list) -> list[tf.Tensor]:
-    """Each tower's gradient, dense, in float32 if half, times its weight, on its device."""
+def _dense(column: list, devices: list) -> list[tf.Tensor]:
+    """Each tower's gradient, dense and in float32 if half, on its device."""
     like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), None)
-    scaled = []
-    for grad, device, weight in zip(column, devices, weights):
+    dense = []
+    for grad, device in zip(column, devices):
         with tf.device(device):
             if isinstance(grad, tf.IndexedSlices):
                 grad = densify(grad, like) if like is not None else tf.convert_to_tensor(grad)
-            wide = accumulation_dtype(grad.dtype)
-            scaled.append(tf.cast(grad, wide) * tf.cast(weight, wide))
-    return scaled
+            dense.append(tf.cast(grad, accumulation_dtype(grad.dtype)))
+    return dense
 
 
 def _reduce_dense(
     columns: list[list[tf.Tensor]],
     devices: list,
+    weights: list,
     algorithm: AllReduce,
     bucket_bytes: int | None,
     wire_dtype,
 ) -> list[list[tf.Tensor]]:
-    """All-reduces N columns of K tensors, packed into buckets; returns K lists of N."""
-    per_tower = [[column[i] for column in columns] for i in range(len(devices))]
-    if bucket_bytes is None:
-        reduced = [
-            algorithm(column, devices, wire_dtype=_wire(column[0], wire_dtype))
-            for column in columns
-        ]
-        return [[r[i] for r in reduced] for i in range(len(devices))]
-    spec = pack_spec(per_tower[0], bucket_bytes)
+    """The weighted sum of N columns of K tensors, packed in buckets; returns K lists of N.
+
+    Weights apply to whole buckets: before the sum when they differ (one multiply per tower
+    and bucket), after it when they are equal (one per device and bucket).
+    """
+    k = len(devices)
+    per_tower = [[column[i] for column in columns] for i in range(k)]
+    spec = (
+        pack_spec(per_tower[0], bucket_bytes)
+        if bucket_bytes is not None
+        else PackSpec(
+            tuple((j,) for j in range(len(columns))), tuple(t.shape for t in per_tower[0])
+        )
+    )
+    equal = all(isinstance(w, float) for w in weights) and len(set(weights)) == 1
     packed = []
-    for tensors, device in zip(per_tower, devices):
+    for tensors, device, weight in zip(per_tower, devices, weights):
         with tf.device(device):
-            packed.append(pack(tensors, spec))
-    buckets = [
+            buckets = pack(tensors, spec)
+            packed.append(buckets if equal else [b * tf.cast(weight, b.dtype) for b in buckets])
+    summed = [
         algorithm(
-            [packed[i][b] for i in range(len(devices))],
-            devices,
-            wire_dtype=_wire(packed[0][b], wire_dtype),
+            [packed[i][b] for i in range(k)], devices, wire_dtype=_wire(packed[0][b], wire_dtype)
         )
         for b in range(len(spec.buckets))
     ]
     out = []
     for i, device in enumerate(devices):
         with tf.device(device):
-            out.append(unpack([bucket[i] for bucket in buckets], spec))
+            buckets = [bucket[i] for bucket in summed]
+            if equal:
+                buckets = [b * tf.cast(weights[0], b.dtype) for b in buckets]
+            out.append(unpack(buckets, spec))
     return out
 
 

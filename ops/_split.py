@@ -56,6 +56,7 @@ def _batch_size(inputs: Nested) -> int | tf.Tensor:
         return tf.identity(sizes[0])
 
 
+@tf.autograph.experimental.do_not_convert
 def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int | tf.Tensor]:
     """The sizes of the shards `split_batch` makes: exact, differing by at most one.
 
@@ -104,6 +105,7 @@ def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int |
         return tf.unstack(base + tf.cast(tf.range(num_splits) < extra, tf.int32), num_splits)
 
 
+@tf.autograph.experimental.do_not_convert
 def split_batch(inputs: Nested, num_splits: int, *, device: str | None = "/cpu:0") -> list:
     """Splits every tensor of a nested batch along its first dimension into `num_splits` shards.
 

@@ -3,6 +3,8 @@
 import dataclasses
 import threading
 
+from ops._tensorflow import tf
+
 _local = threading.local()
 
 
@@ -50,6 +52,7 @@ class TowerContext:
         _local.tower = None
 
 
+@tf.autograph.experimental.do_not_convert
 def current_tower() -> TowerContext | None:
     """The `TowerContext` being built in this thread, or None outside any tower.
 

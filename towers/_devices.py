@@ -5,6 +5,7 @@ from ops._tensorflow import tf
 KINDS = ("CPU", "GPU")
 
 
+@tf.autograph.experimental.do_not_convert
 def canonical_device(device: str | tf.DeviceSpec | tf.config.LogicalDevice) -> str:
     """The full, normalized name of a device, e.g. "/gpu:1" -> "/device:GPU:1".
 
@@ -44,6 +45,7 @@ def _kind(kind: str) -> str:
     return kind.upper()
 
 
+@tf.autograph.experimental.do_not_convert
 def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str]:
     """The logical devices to build towers on: GPUs when present, otherwise CPUs.
 

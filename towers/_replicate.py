@@ -63,6 +63,7 @@ def replicate(
     return results
 
 
+@tf.autograph.experimental.do_not_convert
 def _check_devices_exist(devices: list[str]) -> None:
     """Checks local devices against `tf.config`, where TF2 code takes them from.
 

@@ -1,5 +1,6 @@
 """The replicated variable strategy: one copy of the model per tower device, kept identical."""
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -64,11 +65,13 @@ class Replicated:
         self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
         self.replicas = []
         for i, device in enumerate(self.devices):
-            with tf.device(device), tf.name_scope(f"replica_{i}" if i else ""):
+            scope = tf.name_scope(f"replica_{i}") if i else contextlib.nullcontext()
+            with tf.device(device), scope:
                 self.replicas.append(build())
         self._check_structure()
         self.broadcast()
 
+    @tf.autograph.experimental.do_not_convert
     def local(self) -> tf.Module:
         """The current tower's replica (the first one outside towers).
 
@@ -85,10 +88,12 @@ class Replicated:
             )
         return self.replicas[tower.index]
 
+    @tf.autograph.experimental.do_not_convert
     def variables_of(self, index: int) -> list[tf.Variable]:
         """The trainable variables of replica `index`, aligned across replicas."""
         return list(self.replicas[index].trainable_variables)
 
+    @tf.autograph.experimental.do_not_convert
     def variable_copies(self) -> dict[str, tuple[tf.Variable, ...]]:
         """Every variable's copies, first replica first, under the first replica's names."""
         per_replica = [list(named_variables(r).values()) for r in self.replicas]
@@ -101,6 +106,7 @@ class Replicated:
             for copy in copies[1:]:
                 copy.assign(copies[0])
 
+    @tf.autograph.experimental.do_not_convert
     def all_reduce(self, tower_grads: list, weights=None) -> list[list]:
         """All-reduces `K x N` tower gradients with this strategy's settings."""
         return ops.all_reduce_gradients(

@@ -36,6 +36,7 @@ class SGD(tf.Module):
         self.slots: dict[str, tf.Variable] = {}  # variable name (no ":0") -> momentum
         self._slot_of: dict = {}  # variable.ref() -> its momentum slot
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(
         self, grads_and_vars: Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]]
     ) -> tf.Operation | None:
@@ -47,12 +48,16 @@ class SGD(tf.Module):
         Returns:
           An op grouping the updates (None when executing eagerly).
         """
-        updates = []
+        updates, rates = [], {}
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
             with tf.device(var.device), tf.name_scope(self.name):
-                updates.append(self._update(grad, var))
+                # One learning-rate tensor per device and dtype, not one per variable.
+                key = (var.device, var.dtype)
+                if key not in rates:
+                    rates[key] = tf.cast(self.learning_rate, var.dtype)
+                updates.append(self._update(grad, var, rates[key]))
         return tf.group(updates)
 
     def build(self, variables: Iterable[tf.Variable]) -> None:
@@ -84,15 +89,19 @@ class SGD(tf.Module):
             for name, group in grouped.items()
         }
 
-    def _update(self, grad, var) -> tf.Operation:
-        lr = tf.cast(self.learning_rate, var.dtype)
+    def _update(self, grad, var, lr) -> tf.Operation:
+        # TensorFlow's fused kernels: one op per variable, where a step has many variables.
         if self.momentum == 0.0:
             if isinstance(grad, tf.IndexedSlices):
                 return var.scatter_sub(tf.IndexedSlices(grad.values * lr, grad.indices))
-            return var.assign_sub(grad * lr)
-        slot = self._slot(var)
-        new_velocity = slot.assign(slot * self.momentum + tf.convert_to_tensor(grad))
-        return var.assign_sub(new_velocity * lr)
+            return tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
+        return tf.raw_ops.ResourceApplyMomentum(
+            var=var.handle,
+            accum=self._slot(var).handle,
+            lr=lr,
+            grad=tf.convert_to_tensor(grad),
+            momentum=tf.cast(self.momentum, var.dtype),
+        )
 
     def _slot(self, var: tf.Variable) -> tf.Variable:
         if var.ref() not in self._slot_of:

@@ -54,6 +54,7 @@ def tower_gradients(
     return loss, outputs, tape.gradient(loss, variable_list(variables))
 
 
+@tf.autograph.experimental.do_not_convert
 def variable_list(variables: Variables) -> list[tf.Variable]:
     """The list of variables named by `variables`.
 
@@ -183,6 +184,7 @@ def apply_replicated(
     return updates
 
 
+@tf.autograph.experimental.do_not_convert
 def _matching(replicas: Replicated, devices: Sequence[str]) -> Replicated:
     if [canonical_device(d) for d in devices] != replicas.devices:
         raise ValueError(
@@ -192,6 +194,7 @@ def _matching(replicas: Replicated, devices: Sequence[str]) -> Replicated:
     return replicas
 
 
+@tf.autograph.experimental.do_not_convert
 def _checked(grads: Sequence, num_vars: int) -> list:
     if not isinstance(grads, (list, tuple)) or len(grads) != num_vars:
         raise ValueError(
@@ -201,6 +204,7 @@ def _checked(grads: Sequence, num_vars: int) -> list:
     return list(grads)
 
 
+@tf.autograph.experimental.do_not_convert
 def _ops_of(update: Any) -> list:
     """The ops and tensors in an optimizer's return value, for a control dependency."""
     return [u for u in tf.nest.flatten(update) if isinstance(u, (tf.Operation, tf.Tensor))]

@@ -1,92 +1,84 @@
-"""Benchmarks, run as `python -m towers.bench`; prints a table. Not imported by `towers`.
+"""Benchmarks, run as `python -m towers.bench`; each prints one table. Not imported by `towers`.
 
+    python -m towers.bench                                  # step suite, 1, 4 and 8 devices
+    python -m towers.bench --models=many_small --towers=8 --steps=50
     python -m towers.bench --suite=weights --weights_mb=100
 
 Suites:
+  step: median step time of plain-SGD training steps for each model and device count:
+    one device at the same global batch, a hand-written tower loop, MirroredStrategy in a
+    custom loop, and `towers` (parameter server; replicated with each all-reduce). Each
+    device count runs in a fresh process (devices are simulated on CPU-only machines).
   weights: time to save and to restore a set of float32 weights in each format.
 """
 
+import json
 import os
-import shutil
-import statistics
-import tempfile
-import time
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-import towers  # noqa: E402
-from ops._tensorflow import tf  # noqa: E402
+from towers import _bench_report, _bench_run  # noqa: E402
 
-_SUITE = flags.DEFINE_enum("suite", "weights", ["weights"], "What to measure.")
+_SUITE = flags.DEFINE_enum("suite", "step", ["step", "weights"], "What to measure.")
+_MODELS = flags.DEFINE_list("models", ["mlp", "cnn", "many_small"], "Models (step suite).")
+_TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
+_BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
+_STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the median is shown.")
+_WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed steps after the first call.")
+_ALGORITHMS = flags.DEFINE_list(
+    "algorithms", ["reduce_broadcast", "ring", "collective"], "Replicated all-reduces."
+)
+_BUCKET = flags.DEFINE_integer("bucket_bytes", 4 * 2**20, "Packing bucket; 0 for no packing.")
+_WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
 _WEIGHTS_MB = flags.DEFINE_integer("weights_mb", 100, "Size of the weights (weights suite).")
 _NUM_VARIABLES = flags.DEFINE_integer("num_variables", 20, "Variables the weights are split in.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per measurement; the median is shown.")
-_DIRECTORY = flags.DEFINE_string("directory", None, "Where to write; default a temp dir.")
-
-FORMATS = {"npz": "weights.npz", "h5": "weights.h5", "checkpoint": "weights_ckpt"}
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per weights measurement; the median.")
 
 
-def weights_table(megabytes: int, num_variables: int, repeats: int, directory: str) -> list:
-    """Rows of (format, MB on disk, median save s, median restore s, MB/s save, MB/s restore)."""
-    per_variable = megabytes * 2**20 // 4 // num_variables
-    rng = np.random.default_rng(0)
-    variables = {
-        f"layer_{i}/w": tf.Variable(rng.standard_normal(per_variable, np.float32))
-        for i in range(num_variables)
-    }
-    total_mb = sum(v.shape.num_elements() * 4 for v in variables.values()) / 2**20
+def step_suite_rows(models: list[str], device_counts: list[int], argv_flags: list[str]) -> list:
+    """Runs one worker process per device count and collects their rows."""
     rows = []
-    for name, file_name in FORMATS.items():
-        path = os.path.join(directory, file_name)
-        save = _median_seconds(lambda p=path: towers.save_weights(variables, p), repeats)
-        restore = _median_seconds(lambda p=path: towers.restore_weights(variables, p), repeats)
-        rows.append((name, _size_mb(path), save, restore, total_mb / save, total_mb / restore))
+    for count in device_counts:
+        command = [sys.executable, "-m", "towers.bench", f"--worker_devices={count}", *argv_flags]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench worker for {count} devices failed:\n{done.stderr[-3000:]}")
+        rows += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return rows
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
-def _size_mb(path: str) -> float:
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)) / 2**20
-    return os.path.getsize(path) / 2**20
-
-
-def format_table(header: list[str], rows: list[tuple]) -> str:
-    """A plain-text table, numbers with two decimals."""
-    cells = [header] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
 
 def main(argv: list[str]) -> None:
     """Runs the chosen suite and prints its table."""
     del argv
-    directory = _DIRECTORY.value or tempfile.mkdtemp(prefix="towers-bench-")
-    try:
-        rows = weights_table(_WEIGHTS_MB.value, _NUM_VARIABLES.value, _REPEATS.value, directory)
-    finally:
-        if _DIRECTORY.value is None:
-            shutil.rmtree(directory, ignore_errors=True)
-    print(
-        f"weights: {_WEIGHTS_MB.value} MB float32 in {_NUM_VARIABLES.value} variables, "
-        f"median of {_REPEATS.value}"
+    if _SUITE.value == "weights":
+        print(_bench_report.weights_report(_WEIGHTS_MB.value, _NUM_VARIABLES.value, _REPEATS.value))
+        return
+    settings = dict(
+        models=_MODELS.value,
+        batch_size=_BATCH.value,
+        steps=_STEPS.value,
+        warmup=_WARMUP.value,
+        algorithms=_ALGORITHMS.value,
+        bucket_bytes=_BUCKET.value or None,
     )
-    print(
-        format_table(
-            ["format", "disk MB", "save s", "restore s", "save MB/s", "restore MB/s"], rows
-        )
-    )
+    if _WORKER.value:
+        for row in _bench_run.run_worker(_WORKER.value, **settings):
+            print(json.dumps(row), flush=True)
+        return
+    passed = [
+        f"--models={','.join(_MODELS.value)}",
+        f"--batch_size={_BATCH.value}",
+        f"--steps={_STEPS.value}",
+        f"--warmup={_WARMUP.value}",
+        f"--algorithms={','.join(_ALGORITHMS.value)}",
+        f"--bucket_bytes={_BUCKET.value}",
+    ]
+    rows = step_suite_rows(_MODELS.value, [int(t) for t in _TOWERS.value], passed)
+    print(_bench_report.step_table(rows))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,220 @@
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+
+STEPS = 50
+
+
+def _build(seed=0):
+    def build():
+        model = test_util.Model(seed)
+        model(test_util.batch(1)[0])
+        return model
+
+    return build
+
+
+def _train(variables, local, devices, steps, momentum=0.0, start=0):
+    """`steps` train steps; `local()` gives the model a tower reads."""
+    optimizer = towers.SGD(0.1, momentum=momentum)
+
+    def loss_fn(batch):
+        return test_util.loss_fn(local())(batch)
+
+    step = tf.function(lambda b: towers.train_step(loss_fn, variables, optimizer, b, devices))
+    for i in range(start, start + steps):
+        step(test_util.batch(11, seed=i))
+    return optimizer
+
+
+class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters("reduce_broadcast", "ring", "collective", "auto")
+    def test_steps_equal_parameter_server_and_single_device(self, algorithm):
+        devices = test_util.devices(4)
+        replicas = towers.Replicated(_build(), devices, all_reduce=algorithm, bucket_bytes=256)
+        _train(replicas, replicas.local, devices, STEPS)
+        towers.check_replicas_identical(replicas)
+
+        shared = _build()()
+        _train(shared, lambda: shared, devices, STEPS)
+        single = _build()()
+        _train(single, lambda: single, test_util.devices(1), STEPS)
+        for copy, ps, one in zip(
+            replicas.replicas[0].variables, shared.variables, single.variables
+        ):
+            test_util.assert_allclose(copy, ps, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(copy, one, rtol=1e-5, atol=1e-6)
+
+    def test_momentum_per_copy_stays_identical(self):
+        devices = test_util.devices(3)
+        replicas = towers.Replicated(_build(), devices, all_reduce="ring")
+        optimizer = _train(replicas, replicas.local, devices, 10, momentum=0.9)
+        self.assertLen(optimizer.slots, 3 * 4)  # 4 variables with gradients, 3 copies
+        towers.check_replicas_identical(replicas)
+        towers.check_replicas_identical(optimizer)
+
+    def test_gradient_hook_runs_on_every_replica(self):
+        devices = test_util.devices(3)
+        replicas = towers.Replicated(_build(), devices)
+        before = replicas.replicas[0].w2.numpy()
+        seen = []
+
+        def freeze_w2(grads, variables):
+            seen.append([v.name for v in variables])
+            return [None if "w2" in v.name else g for g, v in zip(grads, variables)]
+
+        towers.train_step(
+            lambda b: test_util.loss_fn(replicas.local())(b),
+            replicas,
+            towers.SGD(0.1),
+            test_util.batch(6),
+            devices,
+            gradient_hook=freeze_w2,
+        )
+        self.assertEqual([names[4] for names in seen], ["w2:0", "replica_1/w2:0", "replica_2/w2:0"])
+        for replica in replicas.replicas:
+            self.assertAllEqual(replica.w2, before)
+        self.assertNotAllClose(replicas.replicas[0].w1, _build()().w1)
+        towers.check_replicas_identical(replicas)
+
+    def test_placement(self):
+        devices = test_util.devices(8)[5:]
+        replicas = towers.Replicated(_build(), devices)
+        for replica, device in zip(replicas.replicas, devices):
+            self.assertEqual(
+                {test_util.local_device(v.device) for v in replica.variables}, {device}
+            )
+        optimizer = towers.SGD(0.1)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(replicas.local())(b),
+                replicas,
+                optimizer,
+                batch,
+                devices,
+            )
+
+        graph = step.get_concrete_function(test_util.batch(6)).graph
+        # Reads run where their variable lives (checked above): the local replica's device.
+        reads = ("Placeholder", "ReadVariableOp")
+        for i, device in enumerate(devices):
+            pattern = re.compile(rf"(^|/)tower_{i}/")
+            placed = {
+                test_util.local_device(op.device)
+                for op in graph.get_operations()
+                if pattern.search(op.name) and op.type not in reads
+            }
+            self.assertEqual(placed, {device}, f"tower {i}")
+        updates = [
+            op
+            for op in graph.get_operations()
+            if op.type in ("ResourceApplyGradientDescent", "ResourceScatterSub")
+        ]
+        self.assertLen(updates, 3 * 4)
+        self.assertEqual(sorted({test_util.local_device(op.device) for op in updates}), devices)
+
+    def test_weights_see_one_copy_with_tower_free_names(self):
+        path = os.path.join(self.get_temp_dir(), "w.npz")
+        replicas = towers.Replicated(_build(), test_util.devices(3))
+        self.assertEqual(
+            list(towers.named_variables(replicas)), ["b1", "embedding", "unused", "w1", "w2"]
+        )
+        self.assertEqual(replicas.replicas[1].w1.name, "replica_1/w1:0")
+        towers.save_weights(replicas, path)
+        self.assertEqual(
+            sorted(towers.read_weights(path)), ["b1", "embedding", "unused", "w1", "w2"]
+        )
+        trained = _build(seed=7)()
+        towers.save_weights(trained, path)
+        towers.restore_weights(replicas, path)
+        towers.check_replicas_identical(replicas)
+        self.assertAllEqual(replicas.replicas[2].w1, trained.w1)
+
+    def test_resume_with_another_tower_count(self):
+        directory = os.path.join(self.get_temp_dir(), "run")
+        devices2, devices3 = test_util.devices(2), test_util.devices(3)
+        whole = towers.Replicated(_build(), devices2)
+        _train(whole, whole.local, devices2, 10, momentum=0.9)
+
+        first = towers.Replicated(_build(), devices2)
+        optimizer = _train(first, first.local, devices2, 5, momentum=0.9)
+        towers.CheckpointManager(directory, first, optimizer).save(5)
+
+        second = towers.Replicated(_build(seed=3), devices3)
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        self.assertEqual(towers.CheckpointManager(directory, second, optimizer).restore_latest(), 5)
+        towers.check_replicas_identical(optimizer)
+
+        def loss_fn(batch):
+            return test_util.loss_fn(second.local())(batch)
+
+        step = tf.function(lambda b: towers.train_step(loss_fn, second, optimizer, b, devices3))
+        for i in range(5, 10):
+            step(test_util.batch(11, seed=i))
+        for got, want in zip(second.replicas[2].variables, whole.replicas[0].variables):
+            test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+    def test_check_names_the_differing_copy(self):
+        replicas = towers.Replicated(_build(), test_util.devices(3))
+        replicas.replicas[2].w2.assign_add(tf.fill(replicas.replicas[2].w2.shape, 1e-3))
+        with self.assertRaisesRegex(
+            ValueError,
+            r"copies differ: w2 \(replica 2, max difference "
+            r"0.001\)",
+        ):
+            towers.check_replicas_identical(replicas)
+        replicas.broadcast()
+        towers.check_replicas_identical(replicas)
+
+    def test_bad_inputs(self):
+        with self.assertRaisesRegex(ValueError, "distinct and non-empty"):
+            towers.Replicated(_build(), ["/cpu:1", "/cpu:1"])
+        with self.assertRaisesRegex(ValueError, "model without variables"):
+            towers.Replicated(test_util.Model, test_util.devices(2))
+        sizes = iter([4, 5])
+
+        def inconsistent():
+            return _Sized(next(sizes))
+
+        with self.assertRaisesRegex(
+            ValueError,
+            r"Replica 1 differs from replica 0 in variables "
+            r"\['w'\]",
+        ):
+            towers.Replicated(inconsistent, test_util.devices(2))
+        replicas = towers.Replicated(_build(), test_util.devices(2))
+        with self.assertRaisesRegex(ValueError, "must be the devices of the Replicated"):
+            towers.train_step(
+                lambda b: test_util.loss_fn(replicas.local())(b),
+                replicas,
+                towers.SGD(0.1),
+                test_util.batch(6),
+                test_util.devices(3),
+            )
+
+        def creates(batch):
+            tf.Variable(1.0, name="late")
+            return test_util.loss_fn(replicas.local())(batch)
+
+        with self.assertRaisesRegex(ValueError, "Tower 0 created variable 'late'; with Replicated"):
+            towers.train_step(
+                creates, replicas, towers.SGD(0.1), test_util.batch(4), test_util.devices(2)
+            )
+
+
+class _Sized(tf.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = tf.Variable(np.zeros([n], np.float32))
+
+
+if __name__ == "__main__":
+    tf.test.main()
