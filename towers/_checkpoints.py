@@ -178,9 +178,10 @@ class CheckpointManager:
         try:
             with open(path) as f:
                 index = json.load(f)
-            index["checkpoints"], index["best"]  # noqa: B018  (both keys must be there)
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"The checkpoint index {path!r} is corrupt ({error!r}).") from None
+        except ValueError as error:
+            raise ValueError(f"The checkpoint index {path!r} is corrupt ({error}).") from None
+        if not isinstance(index, dict) or not {"checkpoints", "best"} <= index.keys():
+            raise ValueError(f"The checkpoint index {path!r} is corrupt (keys missing).")
         return index
 
     def _write_index(self, index: dict) -> None:

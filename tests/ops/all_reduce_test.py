@@ -24,6 +24,23 @@ def _run(algorithm, values, devices, **kwargs):
     return [o.numpy() for o in out], [p.numpy().decode() for p in placement]
 
 
+def _graph(algorithm, devices, spec, **kwargs):
+    """The function graph of `algorithm` on copies of one input, and its results' devices."""
+    built_on = []
+
+    @tf.function
+    def reduce(x):
+        placed = []
+        for device in devices:
+            with tf.device(device):
+                placed.append(x * 2.0)
+        out = algorithm(placed, devices, **kwargs)
+        built_on.extend(test_util.local_device(t.device) for t in out)
+        return out
+
+    return reduce.get_concrete_function(spec).graph, built_on
+
+
 class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.product(algorithm=CPU_ALGORITHMS, k=[2, 3, 4, 8], reduction=["sum", "mean"])
     def test_equals_the_sum_on_every_device(self, algorithm, k, reduction):
@@ -39,20 +56,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(*CPU_ALGORITHMS)
     def test_results_are_built_on_their_devices(self, algorithm):
         devices = test_util.devices(4)
-
-        built_on = []
-
-        @tf.function
-        def reduce(x):
-            placed = []
-            for device in devices:
-                with tf.device(device):
-                    placed.append(x * 2.0)
-            out = ops.all_reduce_algorithm(algorithm)(placed, devices)
-            built_on.extend(test_util.local_device(t.device) for t in out)
-            return out
-
-        reduce.get_concrete_function(tf.zeros([3, 2]))
+        _, built_on = _graph(ops.all_reduce_algorithm(algorithm), devices, tf.zeros([3, 2]))
         self.assertEqual(built_on, devices)
 
     @parameterized.parameters(*CPU_ALGORITHMS)
@@ -80,20 +84,9 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
     def test_nccl_graph_on_gpus(self):
         """NCCL kernels exist only for GPUs: check the graph it builds, without running it."""
         devices = [f"/device:GPU:{i}" for i in range(4)]
-
-        built_on = []
-
-        @tf.function
-        def reduce(x):
-            placed = []
-            for device in devices:
-                with tf.device(device):
-                    placed.append(x + 1.0)
-            out = ops.Nccl()(placed, devices, reduction="mean")
-            built_on.extend(test_util.local_device(t.device) for t in out)
-            return out
-
-        graph = reduce.get_concrete_function(tf.TensorSpec([8], tf.float32)).graph
+        graph, built_on = _graph(
+            ops.Nccl(), devices, tf.TensorSpec([8], tf.float32), reduction="mean"
+        )
         nccl = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
         self.assertEqual([test_util.local_device(op.device) for op in nccl], devices)
         self.assertEqual({op.get_attr("num_devices") for op in nccl}, {4})

@@ -120,6 +120,10 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
             f.write("{not json")
         with self.assertRaisesRegex(ValueError, "checkpoint index .* is corrupt"):
             towers.CheckpointManager(self.get_temp_dir(), [])
+        with open(os.path.join(self.get_temp_dir(), "checkpoints.json"), "w") as f:
+            f.write('{"checkpoints": []}')
+        with self.assertRaisesRegex(ValueError, r"is corrupt \(keys missing\)"):
+            towers.CheckpointManager(self.get_temp_dir(), [])
 
     def test_index_only_names_complete_checkpoints(self):
         _, manager = self._manager()
