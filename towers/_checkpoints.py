@@ -36,7 +36,8 @@ class CheckpointManager:
       keep_last: How many regular checkpoints to keep, >= 1.
       monitor: "min" or "max" to keep the best weights by the value given to `save`, like
         Keras' `ModelCheckpoint(save_best_only=True)`; None to keep no best.
-      suffix: The format: ".npz" (default), ".h5", or "" for TensorFlow checkpoints.
+      suffix: The format: ".npz" (default: numpy alone reads it), ".h5" (faster), or "" for
+        TensorFlow checkpoints.
 
     Example:
       >>> manager = towers.CheckpointManager("ckpt", model, optimizer, every_n_steps=100,
