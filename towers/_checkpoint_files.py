@@ -5,6 +5,7 @@ import re
 
 INDEX = "checkpoints.json"
 _CHECKPOINT = re.compile(r"^ckpt-(\d+)\.weights(\.npz|\.h5|)$")
+_MANAGED = re.compile(r"^(ckpt-\d+\.(weights|state)|best-\d+\.weights)(\.npz|\.h5|)$")
 
 
 def checkpoint_file(step: int, suffix: str, kind: str = "weights") -> str:
@@ -22,3 +23,10 @@ def latest_checkpoint_file(directory: str) -> str | None:
         if match:
             steps[int(match.group(1))] = name
     return os.path.join(directory, steps[max(steps)]) if steps else None
+
+
+def managed_files(directory: str) -> set[str]:
+    """The names in `directory` that a `CheckpointManager` writes (checkpoints and bests)."""
+    if not os.path.isdir(directory):
+        return set()
+    return {name for name in os.listdir(directory) if _MANAGED.match(name)}

@@ -10,7 +10,7 @@ import numpy as np
 
 from towers import _formats
 from towers._atomic import atomic_write_text
-from towers._checkpoint_files import INDEX, checkpoint_file
+from towers._checkpoint_files import INDEX, checkpoint_file, managed_files
 from towers._named import Target, named_variables, variable_copies
 from towers._weights_io import restore_arrays, restore_weights, save_weights
 
@@ -187,9 +187,9 @@ class CheckpointManager:
 
     def _write_index(self, index: dict) -> None:
         atomic_write_text(os.path.join(self.directory, INDEX), json.dumps(index, indent=1))
-        dropped = set(_files(self._index)) - set(_files(index))
         self._index = index
-        for name in dropped:
+        # Dropped checkpoints, and files of saves killed before their index was written.
+        for name in managed_files(self.directory) - set(_files(index)):
             _remove(os.path.join(self.directory, name))
 
 

@@ -127,7 +127,14 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_index_only_names_complete_checkpoints(self):
         _, manager = self._manager()
+        killed = os.path.join(self.get_temp_dir(), "ckpt-00000009.weights.npz")
+        with open(killed, "wb") as f:
+            f.write(b"a save killed before its index was written")
+        mine = os.path.join(self.get_temp_dir(), "notes.txt")
+        open(mine, "w").close()
         manager.save(7)
+        self.assertFalse(os.path.exists(killed))
+        self.assertTrue(os.path.exists(mine))
         with open(os.path.join(self.get_temp_dir(), "checkpoints.json")) as f:
             index = json.load(f)
         self.assertEqual(
