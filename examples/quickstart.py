@@ -5,6 +5,7 @@ the same code path as on a multi-GPU machine runs anywhere:
 
     python examples/quickstart.py --steps=200
     python examples/quickstart.py --towers=4 --compare_one_device
+    python examples/quickstart.py --replicated
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=100
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=200 --resume --towers=2
 """
@@ -31,6 +32,9 @@ _CHECKPOINT_DIR = flags.DEFINE_string(
 )
 _SAVE_EVERY = flags.DEFINE_integer("save_every", 50, "Checkpoint every this many steps.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint.")
+_REPLICATED = flags.DEFINE_bool(
+    "replicated", False, "One copy of the model per device, gradients all-reduced."
+)
 _COMPARE = flags.DEFINE_bool(
     "compare_one_device",
     False,
@@ -88,8 +92,12 @@ def train(
     checkpoint_dir: str | None = None,
     save_every: int = 0,
     resume: bool = False,
+    replicated: bool = False,
 ) -> dict:
     """Trains a `ConvNet` with `towers.train_step` on `devices`.
+
+    The variables live on the CPU (parameter server), or with `replicated` one copy per
+    device (`towers.Replicated`, gradients all-reduced).
 
     With `checkpoint_dir`, saves a checkpoint every `save_every` steps and at the end, keeps
     the best weights by mean training loss since the last save, and with `resume` continues
@@ -103,11 +111,17 @@ def train(
       ValueError: if `checkpoint_dir` already has checkpoints and `resume` is False.
     """
     images, labels = make_data(batch_size * 8, seed)
-    model, optimizer = ConvNet(seed), towers.SGD(learning_rate)
+    optimizer = towers.SGD(learning_rate)
+    if replicated:
+        variables = towers.Replicated(lambda: ConvNet(seed), devices)
+        local_model = variables.local  # each tower's own copy
+    else:
+        variables = ConvNet(seed)
+        local_model = lambda: variables  # noqa: E731  (one copy, shared by the towers)
     manager, start = None, 0
     if checkpoint_dir:
         manager = towers.CheckpointManager(
-            checkpoint_dir, model, optimizer, every_n_steps=save_every or None, monitor="min"
+            checkpoint_dir, variables, optimizer, every_n_steps=save_every or None, monitor="min"
         )
         if manager.steps and not resume:
             raise ValueError(
@@ -118,14 +132,14 @@ def train(
 
     def loss_fn(shard):
         shard_images, shard_labels = shard
-        logits = model(shard_images)
+        logits = local_model()(shard_images)
         return tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=shard_labels, logits=logits)
         )
 
     @tf.function
     def step(batch):
-        loss, _ = towers.train_step(loss_fn, model, optimizer, batch, devices)
+        loss, _ = towers.train_step(loss_fn, variables, optimizer, batch, devices)
         return loss
 
     losses, seconds = [], []
@@ -149,6 +163,7 @@ def train(
             manager.step_end(i + 1, value=statistics.mean(losses[-(save_every or 1) :]))
     if manager and losses and manager.steps[-1:] != [steps]:
         manager.save(steps, value=statistics.mean(losses[-(save_every or 1) :]))
+    model = variables.replicas[0] if replicated else variables
     return {"losses": losses, "step_seconds": seconds[1:], "model": model, "manager": manager}
 
 
@@ -179,6 +194,7 @@ def main(argv: list[str]) -> None:
         checkpoint_dir=_CHECKPOINT_DIR.value,
         save_every=_SAVE_EVERY.value,
         resume=_RESUME.value,
+        replicated=_REPLICATED.value,
     )
     if result["manager"]:
         logging.info("best weights: %s", result["manager"].best_weights)
@@ -193,7 +209,9 @@ def main(argv: list[str]) -> None:
         _BATCH.value / median,
     )
     if _COMPARE.value:
-        single = train(devices[:1], _BATCH.value, _STEPS.value, _LR.value)
+        single = train(
+            devices[:1], _BATCH.value, _STEPS.value, _LR.value, replicated=_REPLICATED.value
+        )
         single_median = statistics.median(single["step_seconds"])
         logging.info(
             "one device: median step %.2f ms; %d towers / one device = %.2f",

@@ -19,6 +19,13 @@ class QuickstartTest(tf.test.TestCase):
         for got, want in zip(result["model"].variables, single["model"].variables):
             test_util.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
+    def test_replicated_matches_the_parameter_server(self):
+        devices = quickstart.choose_devices(3)
+        shared = quickstart.train(devices, batch_size=30, steps=6, learning_rate=0.1)
+        replicated = quickstart.train(devices, 30, 6, 0.1, replicated=True)
+        for got, want in zip(replicated["model"].variables, shared["model"].variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
     def test_data_is_deterministic_and_balanced(self):
         images, labels = quickstart.make_data(1000, seed=3)
         again, _ = quickstart.make_data(1000, seed=3)
