@@ -35,7 +35,9 @@ class Collective(AllReduce):
                 "The 'collective' all-reduce needs tf.function (TF2); in a v1 graph use 'ring' "
                 "or 'reduce_broadcast'."
             )
-        group = self._groups.setdefault(tuple(devices), next(Collective._group_keys))
+        if tuple(devices) not in self._groups:
+            self._groups[tuple(devices)] = next(Collective._group_keys)
+        group = self._groups[tuple(devices)]
         instance = next(self._instance_keys)
         out = []
         for value, device in zip(values, devices):

@@ -134,11 +134,7 @@ def train_step(
     else:
         var_list = variable_list(variables)
         grads = ops.average_gradients(tower_grads, weights=sizes, variables=var_list)
-        if gradient_hook is not None:
-            grads = _checked(gradient_hook(grads, var_list), len(var_list))
-        update = optimizer.apply_gradients(
-            [(g, v) for g, v in zip(grads, var_list) if g is not None]
-        )
+        update = _apply(optimizer, grads, var_list, gradient_hook)
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
@@ -172,16 +168,18 @@ def apply_replicated(
     reduced = replicas.all_reduce(tower_grads, weights=sizes)
     updates = []
     for i, (grads, device) in enumerate(zip(reduced, replicas.devices)):
-        var_list = replicas.variables_of(i)
         with tf.device(device):
-            if gradient_hook is not None:
-                grads = _checked(gradient_hook(grads, var_list), len(var_list))
-            updates.append(
-                optimizer.apply_gradients(
-                    [(g, v) for g, v in zip(grads, var_list) if g is not None]
-                )
-            )
+            updates.append(_apply(optimizer, grads, replicas.variables_of(i), gradient_hook))
     return updates
+
+
+def _apply(
+    optimizer: Optimizer, grads: list, var_list: list, gradient_hook: GradientHook | None
+) -> Any:
+    """The hook (if any) on the reduced gradients, then the optimizer on what it returns."""
+    if gradient_hook is not None:
+        grads = _checked(gradient_hook(grads, var_list), len(var_list))
+    return optimizer.apply_gradients([(g, v) for g, v in zip(grads, var_list) if g is not None])
 
 
 @tf.autograph.experimental.do_not_convert
