@@ -1,6 +1,8 @@
-"""Installs the `towers` and `ops` packages.
+"""Installs the distribution `tf-towers`: the import package `towers`, with `towers.ops`.
 
-TensorFlow comes through extras so that CPU and GPU users each get the right build:
+The pure ops live in the repository's top-level `ops/` folder and install as `towers.ops`; no
+top-level `ops` module is installed. TensorFlow comes through extras so that CPU and GPU users
+each get the right build:
 
     pip install ".[cpu]"    # tensorflow-cpu
     pip install ".[gpu]"    # tensorflow[and-cuda], NVIDIA GPUs on Linux
@@ -12,17 +14,18 @@ import setuptools
 TF_VERSION = ">=2.16,<3"
 
 setuptools.setup(
-    name="towers",
-    version="0.1.0",
+    name="tf-towers",
+    version="0.2.0",
     description="Data-parallel training of TensorFlow models on several devices, in graph mode.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["towers", "ops"],
+    packages=["towers", "towers.bench", "towers.ops", "towers.ops._all_reduce"],
+    package_dir={"towers.ops": "ops"},
     python_requires=">=3.10",
     install_requires=["numpy", "absl-py"],
     extras_require={
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]{TF_VERSION}"],
-        "test": ["pytest", "ruff", "h5py"],
+        "test": ["pytest", "ruff", "h5py", "wheel"],
     },
 )

@@ -82,6 +82,15 @@ def make_data(num_examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return images[..., None].astype(np.float32), labels
 
 
+def batch_at(images: np.ndarray, labels: np.ndarray, step: int, batch_size: int) -> tuple:
+    """The batch of step `step` (0-based): consecutive examples, wrapping around the data."""
+    first = step * batch_size % len(images)
+    return (
+        tf.constant(images[first : first + batch_size]),
+        tf.constant(labels[first : first + batch_size]),
+    )
+
+
 def train(
     devices: list[str],
     batch_size: int,
@@ -144,11 +153,7 @@ def train(
 
     losses, seconds = [], []
     for i in range(start, steps):
-        first = i * batch_size % len(images)
-        batch = (
-            tf.constant(images[first : first + batch_size]),
-            tf.constant(labels[first : first + batch_size]),
-        )
+        batch = batch_at(images, labels, i, batch_size)
         began = time.perf_counter()
         losses.append(float(step(batch)))
         seconds.append(time.perf_counter() - began)

@@ -1,30 +1,35 @@
 """Pure graph ops for data-parallel training: split, merge, gradient aggregation, all-reduce.
 
-They know nothing of towers, training or files, and work inside `tf.function` and in a
-`tf.compat.v1.Graph` alike. Per-tower values are lists indexed by tower; tower gradients are
-`K x N` lists (towers x variables) aligned with one list of variables.
+Imported as `from towers import ops`. They know nothing of towers, training or files, and work
+inside `tf.function` and in a `tf.compat.v1.Graph` alike. Per-tower values are lists indexed by
+tower; tower gradients are `K x N` lists (towers x variables) aligned with one list of
+variables. Nothing in this package imports the rest of `towers`.
 """
 
-from ops._all_reduce import AllReduce, ReduceBroadcast, Ring
-from ops._all_reduce_choice import ALGORITHMS, Auto, all_reduce_algorithm
-from ops._all_reduce_native import Collective, Nccl
-from ops._grad_lists import merge_grad_list, split_grad_list
-from ops._gradients import average_gradients
-from ops._merge import MODES, merge_outputs
-from ops._packing import PackSpec, pack, pack_spec, unpack
-from ops._reduce_gradients import all_reduce_gradients
-from ops._split import shard_sizes, split_batch
+from towers.ops._all_reduce.auto import AutoAllReduce
+from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.by_name import ALGORITHMS, all_reduce_algorithm
+from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.nccl import NcclAllReduce
+from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
+from towers.ops._all_reduce.ring import RingAllReduce
+from towers.ops._all_reduce_gradients import all_reduce_gradients
+from towers.ops._average_gradients import average_gradients
+from towers.ops._merge import MODES, merge_outputs
+from towers.ops._packing import PackSpec, pack, pack_spec, unpack
+from towers.ops._split import shard_sizes, split_batch
+from towers.ops._tower_grads import merge_grad_list, split_grad_list
 
 __all__ = [
     "ALGORITHMS",
     "MODES",
     "AllReduce",
-    "Auto",
-    "Collective",
-    "Nccl",
+    "AutoAllReduce",
+    "CollectiveAllReduce",
+    "NcclAllReduce",
     "PackSpec",
-    "ReduceBroadcast",
-    "Ring",
+    "ReduceBroadcastAllReduce",
+    "RingAllReduce",
     "all_reduce_algorithm",
     "all_reduce_gradients",
     "average_gradients",

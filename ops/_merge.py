@@ -3,11 +3,10 @@
 from collections.abc import Sequence
 from typing import Any
 
-from ops._gradients import weighted_sum
-from ops._nest import leaf_paths
-from ops._placement import device_scope
-from ops._tensorflow import tf
-from ops._weights import Weight, normalized_weights
+from towers.ops._device_scope import device_scope
+from towers.ops._leaf_paths import leaf_paths
+from towers.ops._tensorflow import tf
+from towers.ops._weighted_mean import Weight, normalized_weights, weighted_sum
 
 MODES = ("concat", "mean", "sum", "stack")
 

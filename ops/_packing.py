@@ -3,7 +3,7 @@
 import dataclasses
 from collections.abc import Sequence
 
-from ops._tensorflow import tf
+from towers.ops._tensorflow import tf
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 from typing import Any
 
-from ops._nest import leaf_paths
-from ops._placement import device_scope
-from ops._tensorflow import tf
+from towers.ops._device_scope import device_scope
+from towers.ops._leaf_paths import leaf_paths
+from towers.ops._tensorflow import tf
 
 Nested = Any
 

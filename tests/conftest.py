@@ -1,18 +1,6 @@
-"""Every test process sees 8 logical CPU devices, with TensorFlow's log noise quieted."""
+"""The test process set up by `tests.test_util` (8 logical CPUs, quiet logs) before any test."""
 
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # INFO and WARNING from C++; errors stay.
-
-import tensorflow as tf  # noqa: E402
-
-import towers  # noqa: E402
-from tests import test_util  # noqa: E402
-
-tf.get_logger().setLevel("ERROR")
-# The suite runs the same on any machine: GPUs hidden, one CPU split into 8 logical devices.
-tf.config.set_visible_devices([], "GPU")
-towers.simulate_devices(test_util.NUM_DEVICES)
+from tests import test_util  # noqa: F401  (imported for its set-up)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,102 +1,329 @@
-"""The public surface of `towers` and `ops`, and the packaging promises around it."""
+"""The public surface of `towers` and `towers.ops`, and the packaging promises around it."""
 
+import ast
+import dataclasses
+import inspect
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
+import zipfile
 
 import tensorflow as tf
 
-import ops
 import towers
 from tests import test_util
+from towers import ops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = {"towers": ROOT / "towers", "towers.ops": ROOT / "ops"}
+
+TOWERS_NAMES = [
+    "CheckpointManager",
+    "ParameterServer",
+    "ReducedGradients",
+    "Replicated",
+    "RestoreReport",
+    "SGD",
+    "TowerContext",
+    "VariableStrategy",
+    "apply_reduced",
+    "apply_replicated",
+    "canonical_device",
+    "check_replicas_identical",
+    "current_tower",
+    "list_devices",
+    "named_variables",
+    "ops",
+    "read_weights",
+    "replicate",
+    "restore_weights",
+    "save_weights",
+    "session_config",
+    "simulate_devices",
+    "tower_gradients",
+    "train_step",
+    "variable_list",
+]
+OPS_NAMES = [
+    "ALGORITHMS",
+    "AllReduce",
+    "AutoAllReduce",
+    "CollectiveAllReduce",
+    "MODES",
+    "NcclAllReduce",
+    "PackSpec",
+    "ReduceBroadcastAllReduce",
+    "RingAllReduce",
+    "all_reduce_algorithm",
+    "all_reduce_gradients",
+    "average_gradients",
+    "merge_grad_list",
+    "merge_outputs",
+    "pack",
+    "pack_spec",
+    "shard_sizes",
+    "split_batch",
+    "split_grad_list",
+    "unpack",
+]
 
 
-class PublicApiTest(tf.test.TestCase):
+def documentation_problems(name: str, obj) -> list[str]:
+    """What a public function or class lacks: docstrings, Google sections, annotations.
+
+    A class is checked with every method, property and `__call__`/`__init__` it defines itself
+    (inherited ones are checked where they are defined).
+    """
+    if isinstance(obj, type):
+        problems = _class_problems(name, obj)
+        for attr, member in vars(obj).items():
+            if attr.startswith("_") and attr not in ("__call__", "__init__"):
+                continue
+            if isinstance(member, property):
+                problems += _docstring_problems(f"{name}.{attr}", member.fget, sections=False)
+                problems += _annotation_problems(f"{name}.{attr}", member.fget)
+            elif isinstance(member, (staticmethod, classmethod)):
+                problems += _function_problems(f"{name}.{attr}", member.__func__)
+            elif inspect.isfunction(member):
+                problems += _function_problems(f"{name}.{attr}", member)
+        return problems
+    if callable(obj):
+        return _function_problems(name, obj)
+    return []
+
+
+def _class_problems(name: str, cls: type) -> list[str]:
+    doc = inspect.cleandoc(vars(cls).get("__doc__") or "")  # its own, not inherited
+    if not doc or doc.startswith(f"{cls.__name__}("):  # dataclass's generated signature
+        return [f"{name} lacks a docstring"]
+    init = vars(cls).get("__init__")
+    takes_args = init is not None and len(inspect.signature(init).parameters) > 1
+    section = "Attributes:" if dataclasses.is_dataclass(cls) else "Args:"
+    if takes_args and section not in doc:
+        return [f"{name}'s docstring lacks {section}"]
+    return []
+
+
+def _function_problems(name: str, fn) -> list[str]:
+    if name.endswith(".__init__"):  # documented in the class docstring
+        return _annotation_problems(name, fn, returns=False)
+    return _docstring_problems(name, fn) + _annotation_problems(name, fn)
+
+
+def _docstring_problems(name: str, fn, sections: bool = True) -> list[str]:
+    doc = fn.__doc__
+    if not doc or not doc.strip() or not doc.strip().splitlines()[0].strip():
+        return [f"{name} lacks a docstring"]
+    if not sections:
+        return []
+    signature = inspect.signature(fn)
+    params = [p for p in signature.parameters if p not in ("self", "cls")]
+    problems = []
+    if params and "Args:" not in doc and "see `" not in doc.lower():
+        problems.append(f"{name}'s docstring lacks Args:")
+    returns = signature.return_annotation
+    if returns not in (None, "None", inspect.Signature.empty) and not (
+        "Returns:" in doc or "Yields:" in doc or "see `" in doc.lower()
+    ):
+        problems.append(f"{name}'s docstring lacks Returns:")
+    return problems
+
+
+def _annotation_problems(name: str, fn, returns: bool = True) -> list[str]:
+    signature = inspect.signature(fn)
+    problems = [
+        f"{name} lacks an annotation for `{p.name}`"
+        for p in signature.parameters.values()
+        if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty
+    ]
+    if returns and signature.return_annotation is inspect.Signature.empty:
+        problems.append(f"{name} lacks a return annotation")
+    return problems
+
+
+def _python_files(package: str) -> list[pathlib.Path]:
+    return sorted(p for p in PACKAGES[package].rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imported_modules(path: pathlib.Path) -> list[str]:
+    """Every module a file imports, absolute; relative imports resolved against `towers.ops`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            found.append(f"towers.ops.{base}" if node.level else base)
+    return found
+
+
+def _run_script(directory: str, script: str) -> str:
+    """Runs `script` as a file in `directory`, as a user would, without the repo on the path."""
+    path = os.path.join(directory, "main.py")
+    with open(path, "w") as f:
+        f.write(script)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, path],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode:
+        raise AssertionError(f"script failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+class PublicSurfaceTest(tf.test.TestCase):
     def test_towers_surface_is_pinned(self):
-        self.assertEqual(
-            sorted(towers.__all__),
-            [
-                "CheckpointManager",
-                "ParameterServer",
-                "Replicated",
-                "RestoreReport",
-                "SGD",
-                "TowerContext",
-                "apply_replicated",
-                "canonical_device",
-                "check_replicas_identical",
-                "current_tower",
-                "list_devices",
-                "named_variables",
-                "read_weights",
-                "replicate",
-                "restore_weights",
-                "save_weights",
-                "session_config",
-                "simulate_devices",
-                "tower_gradients",
-                "train_step",
-                "variable_list",
-            ],
-        )
+        self.assertEqual(sorted(towers.__all__), sorted(TOWERS_NAMES))
         public = {
             n
             for n in dir(towers)
             if not n.startswith("_") and not isinstance(getattr(towers, n), types.ModuleType)
         }
-        self.assertEqual(public, set(towers.__all__))
+        self.assertEqual(public | {"ops"}, set(towers.__all__))
+        self.assertIs(towers.ops, ops)
 
     def test_ops_surface_is_pinned(self):
-        self.assertEqual(
-            sorted(ops.__all__),
-            [
-                "ALGORITHMS",
-                "AllReduce",
-                "Auto",
-                "Collective",
-                "MODES",
-                "Nccl",
-                "PackSpec",
-                "ReduceBroadcast",
-                "Ring",
-                "all_reduce_algorithm",
-                "all_reduce_gradients",
-                "average_gradients",
-                "merge_grad_list",
-                "merge_outputs",
-                "pack",
-                "pack_spec",
-                "shard_sizes",
-                "split_batch",
-                "split_grad_list",
-                "unpack",
-            ],
-        )
+        self.assertEqual(sorted(ops.__all__), sorted(OPS_NAMES))
         self.assertEqual({n for n in dir(ops) if not n.startswith("_")}, set(ops.__all__))
 
-    def test_import_ops_resolves_inside_this_project(self):
-        ops_dir = pathlib.Path(ops.__file__).resolve().parent
-        towers_dir = pathlib.Path(towers.__file__).resolve().parent
-        self.assertEqual(ops_dir.parent, towers_dir.parent)
-        self.assertTrue((ops_dir / "_split.py").exists())
-
     def test_every_public_name_is_documented_and_annotated(self):
+        problems = []
         for module in (towers, ops):
             for name in module.__all__:
-                obj = getattr(module, name)
-                if isinstance(obj, tuple):
-                    continue
-                self.assertTrue(
-                    obj.__doc__ and "\n" in obj.__doc__.strip() or isinstance(obj, type),
-                    f"{name} lacks a docstring",
+                problems += documentation_problems(name, getattr(module, name))
+        self.assertEqual(problems, [])
+
+    def test_the_documentation_check_catches_what_it_should(self):
+        class Undocumented:
+            def method(self, x: int) -> int:
+                """Doubles.
+
+                Args:
+                  x: A number.
+
+                Returns:
+                  2 x.
+                """
+                return 2 * x
+
+        class Documented:
+            """A class.
+
+            Args:
+              y: Something.
+            """
+
+            def __init__(self, y):
+                self.y = y
+
+            def method(self, x) -> int:
+                """Doubles, without sections."""
+                return 2 * x
+
+            @property
+            def size(self):
+                return 1
+
+        def bare(x: int):
+            return x
+
+        self.assertEqual(documentation_problems("U", Undocumented), ["U lacks a docstring"])
+        self.assertEqual(
+            documentation_problems("D", Documented),
+            [
+                "D.__init__ lacks an annotation for `y`",
+                "D.method's docstring lacks Args:",
+                "D.method's docstring lacks Returns:",
+                "D.method lacks an annotation for `x`",
+                "D.size lacks a docstring",
+                "D.size lacks a return annotation",
+            ],
+        )
+        self.assertEqual(
+            documentation_problems("bare", bare),
+            ["bare lacks a docstring", "bare lacks a return annotation"],
+        )
+
+
+class PackagingTest(tf.test.TestCase):
+    def test_ops_is_towers_ops_and_no_top_level_ops_is_imported(self):
+        self.assertEqual(ops.__name__, "towers.ops")
+        self.assertEqual(pathlib.Path(ops.__file__).resolve().parent, ROOT / "ops")
+        out = test_util.run_python(
+            "import sys, towers\n"
+            "print(sorted(m for m in sys.modules if m == 'ops' or m.startswith('ops.')))\n"
+        )
+        self.assertEqual(out.strip(), "[]")
+
+    def test_a_users_ops_module_beside_the_script_changes_nothing(self):
+        script = (
+            "import ops\n"
+            "import towers\n"
+            "from towers import ops as tops\n"
+            "import tensorflow as tf\n"
+            "print(ops.MARK, tops.__name__, tops.split_batch(tf.range(4), 2)[1].numpy().tolist())\n"
+        )
+        for layout in ("module", "package"):
+            with tempfile.TemporaryDirectory() as directory:
+                if layout == "module":
+                    path = os.path.join(directory, "ops.py")
+                else:
+                    os.mkdir(os.path.join(directory, "ops"))
+                    path = os.path.join(directory, "ops", "__init__.py")
+                with open(path, "w") as f:
+                    f.write(f"MARK = 'users-{layout}'\n")
+                out = _run_script(directory, script)
+                self.assertEqual(out.split(), [f"users-{layout}", "towers.ops", "[2,", "3]"])
+
+    def test_ops_imports_nothing_else_of_towers(self):
+        for path in _python_files("towers.ops"):
+            for module in _imported_modules(path):
+                if module == "towers" or module.startswith("towers."):
+                    self.assertTrue(
+                        module.startswith("towers.ops"), f"{path.name} imports {module}"
+                    )
+
+    def test_the_wheel_holds_the_towers_package_alone(self):
+        with tempfile.TemporaryDirectory() as directory:
+            source = os.path.join(directory, "src")
+            os.mkdir(source)
+            for name in ("setup.py", "pyproject.toml", "README.md"):
+                shutil.copy(ROOT / name, source)
+            for folder in ("towers", "ops"):
+                shutil.copytree(
+                    ROOT / folder,
+                    os.path.join(source, folder),
+                    ignore=shutil.ignore_patterns("__pycache__"),
                 )
-                if callable(obj) and not isinstance(obj, type):
-                    self.assertIn("return", obj.__annotations__, f"{name} lacks annotations")
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+                + ["-w", os.path.join(directory, "dist"), source],
+                check=True,
+                capture_output=True,
+                timeout=240,
+            )
+            (wheel,) = pathlib.Path(directory, "dist").glob("*.whl")
+            names = zipfile.ZipFile(wheel).namelist()
+        self.assertTrue(wheel.name.startswith("tf_towers-"), wheel.name)
+        top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+        self.assertEqual(top, {"towers"})
+        packaged = {n for n in names if n.endswith(".py")}
+        expected = {f"towers/{p.relative_to(ROOT / 'towers')}" for p in _python_files("towers")}
+        expected |= {
+            f"towers/ops/{p.relative_to(ROOT / 'ops')}" for p in _python_files("towers.ops")
+        }
+        self.assertEqual(packaged, expected)
 
     def test_missing_tensorflow_gives_one_clear_message(self):
         code = (
@@ -108,27 +335,31 @@ class PublicApiTest(tf.test.TestCase):
             "    print(e)\n"
         )
         message = test_util.run_python(code)
-        self.assertIn("need TensorFlow, which is not installed", message)
-        self.assertIn("pip install 'towers[cpu]'", message)
-        self.assertIn("pip install 'towers[gpu]'", message)
+        self.assertIn("needs TensorFlow, which is not installed", message)
+        self.assertIn("pip install 'tf-towers[cpu]'", message)
+        self.assertIn("pip install 'tf-towers[gpu]'", message)
 
+
+class CodeRulesTest(tf.test.TestCase):
     def test_library_never_imports_keras(self):
-        pattern = re.compile(
-            r"^\s*(import keras|from keras|import tf_keras|from tf_keras)|tf\.keras"
-        )
-        for package in ("towers", "ops"):
-            for path in (ROOT / package).glob("*.py"):
-                for number, line in enumerate(path.read_text().splitlines(), 1):
-                    self.assertIsNone(pattern.search(line), f"{path.name}:{number}: {line}")
-
-    def test_ops_never_imports_towers(self):
-        for path in (ROOT / "ops").glob("*.py"):
-            self.assertNotRegex(path.read_text(), r"(?m)^\s*(import|from) towers")
+        for package in PACKAGES:
+            for path in _python_files(package):
+                for module in _imported_modules(path):
+                    self.assertNotRegex(module, r"^(keras|tf_keras)\b", path.name)
+                self.assertNotIn("tf.keras", path.read_text(), path.name)
 
     def test_library_has_no_asserts(self):
-        for package in ("towers", "ops"):
-            for path in (ROOT / package).glob("*.py"):
-                self.assertNotRegex(path.read_text(), r"(?m)^\s*assert ", path.name)
+        for package in PACKAGES:
+            for path in _python_files(package):
+                asserts = [
+                    n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Assert)
+                ]
+                self.assertEqual(asserts, [], path.name)
+
+    def test_modules_stay_small(self):
+        for package in PACKAGES:
+            for path in _python_files(package):
+                self.assertLess(len(path.read_text().splitlines()), 300, path.name)
 
     def test_ruff_is_clean(self):
         ruff = shutil.which("ruff") or str(pathlib.Path(sys.executable).parent / "ruff")
@@ -145,6 +376,7 @@ class PublicApiTest(tf.test.TestCase):
         ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
         command = next(line for line in ci_lines if "pytest" in line)
         self.assertIn(f"\n{command}\n", (ROOT / "README.md").read_text())
+        self.assertTrue(re.search(r"pip install -q -e \"\.\[cpu,test\]\"", command), command)
 
 
 if __name__ == "__main__":

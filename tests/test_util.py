@@ -1,13 +1,25 @@
-"""Helpers shared by the tests: devices, a reference model, a single-device reference step."""
+"""Helpers shared by the tests: devices, a model, and hand-written single-device references.
+
+Importing this module sets the process up as every test expects (so that each test file also
+runs alone, e.g. `python -m tests.towers.train_step_test`): TensorFlow's INFO and WARNING logs
+quieted (errors stay), GPUs hidden, and one CPU split into 8 logical devices.
+"""
 
 import os
 import subprocess
 import sys
 
-import numpy as np
-import tensorflow as tf
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import towers  # noqa: E402
 
 NUM_DEVICES = 8
+tf.get_logger().setLevel("ERROR")
+tf.config.set_visible_devices([], "GPU")
+towers.simulate_devices(NUM_DEVICES)
 VOCAB, FEATURES, EMBED, HIDDEN, CLASSES = 13, 6, 4, 8, 3
 
 
@@ -86,6 +98,49 @@ def reference_gradients(model: Model, full_batch) -> tuple[list, list]:
             loss, _ = loss_fn(model)(full_batch)
         variables = list(model.trainable_variables)
         return tape.gradient(loss, variables), variables
+
+
+def reference_step(model: tf.Module, loss_fn, learning_rate: float, momentum: float = 0.0):
+    """A hand-written single-device SGD step: one tape on the whole batch, a plain update.
+
+    No `towers` code is involved: this is what every equivalence test compares against.
+    With momentum: `m = momentum * m + g; w -= learning_rate * m` (slots made on first use).
+
+    Args:
+      model: The model; its trainable variables are updated.
+      loss_fn: `loss_fn(batch)` returns the batch's mean loss (or `(loss, outputs)`).
+      learning_rate: The step size.
+      momentum: The momentum coefficient; 0 for plain SGD.
+
+    Returns:
+      A `tf.function` taking a batch and returning `(loss, outputs)` before the update.
+    """
+    slots = {}
+
+    @tf.function
+    def step(batch):
+        with tf.device("/device:CPU:0"):
+            with tf.GradientTape() as tape:
+                result = loss_fn(batch)
+            loss, outputs = result if isinstance(result, tuple) else (result, None)
+            variables = model.trainable_variables
+            for var, grad in zip(variables, tape.gradient(loss, variables)):
+                if grad is None:
+                    continue
+                grad = tf.convert_to_tensor(grad)
+                if momentum:
+                    if var.ref() not in slots:
+                        with tf.init_scope():
+                            slots[var.ref()] = tf.Variable(
+                                tf.zeros(var.shape, var.dtype), trainable=False
+                            )
+                    slot = slots[var.ref()]
+                    slot.assign(momentum * slot + grad)
+                    grad = slot.read_value()
+                var.assign_sub(learning_rate * grad)
+        return loss, outputs
+
+    return step
 
 
 def assert_allclose(actual, expected, rtol=1e-6, atol=1e-7):

@@ -1,42 +1,55 @@
 """Data-parallel training of TensorFlow models on several devices, in graph mode.
 
-Pick devices, split each batch on the CPU, build one tower per device, average the tower
+Pick devices, split each batch on the CPU, build one tower per device, reduce the tower
 gradients (you see and may change them), apply them, merge the outputs:
 
     devices = towers.list_devices()
     loss, outputs = towers.train_step(loss_fn, model, towers.SGD(0.1), batch, devices)
 
 or the same stages one by one with `ops.split_batch`, `towers.replicate`,
-`ops.average_gradients` and `ops.merge_outputs`. Weights are saved and restored under
-tower-free names with `save_weights`/`restore_weights`, and `CheckpointManager` keeps the
-last and the best checkpoints of a run and resumes it with any number of towers.
+`ops.average_gradients` and `ops.merge_outputs` (`from towers import ops`). Variables live by a
+`VariableStrategy`: `ParameterServer` (one copy) or `Replicated` (one copy per device). Weights
+are saved and restored under tower-free names with `save_weights`/`restore_weights`, and
+`CheckpointManager` keeps the last and the best checkpoints of a run and resumes it with any
+number of towers.
 """
 
-import ops  # noqa: F401  (first: gives the one clear message when TensorFlow is missing)
-from towers._checkpoints import CheckpointManager
-from towers._context import TowerContext, current_tower
+from towers import ops  # first: gives the one clear message when TensorFlow is missing
+from towers._checkpoint_manager import CheckpointManager
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
-from towers._named import named_variables
 from towers._parameter_server import ParameterServer
-from towers._replicate import replicate
 from towers._replicated import Replicated, check_replicas_identical
 from towers._sgd import SGD
-from towers._step import apply_replicated, tower_gradients, train_step, variable_list
+from towers._tower_builder import replicate
+from towers._tower_context import TowerContext, current_tower
+from towers._train_step import (
+    apply_reduced,
+    apply_replicated,
+    tower_gradients,
+    train_step,
+    variable_list,
+)
+from towers._variable_names import named_variables
+from towers._variable_strategy import ReducedGradients, VariableStrategy
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
 
 __all__ = [
     "SGD",
     "CheckpointManager",
     "ParameterServer",
+    "ReducedGradients",
     "Replicated",
     "RestoreReport",
     "TowerContext",
+    "VariableStrategy",
+    "apply_reduced",
     "apply_replicated",
     "canonical_device",
     "check_replicas_identical",
     "current_tower",
     "list_devices",
     "named_variables",
+    "ops",
     "read_weights",
     "replicate",
     "restore_weights",

@@ -1,6 +1,6 @@
 """Finding the devices to build towers on, and simulating several on one."""
 
-from ops._tensorflow import tf
+from towers.ops._tensorflow import tf
 
 KINDS = ("CPU", "GPU")
 

@@ -3,15 +3,22 @@
 import contextlib
 import functools
 from collections.abc import Sequence
+from typing import Any
 
-from ops._tensorflow import tf
-from towers._context import TowerContext
+from towers import ops
 from towers._devices import canonical_device
-from towers._naming import without_tower_scope
+from towers._tower_context import TowerContext
+from towers._variable_names import without_tower_scope
+from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
+from towers.ops._tensorflow import tf
+from towers.ops._tower_grads import Gradient
+from towers.ops._weighted_mean import Weight
 
 
-class ParameterServer:
-    """Places every variable created in a tower on a parameter device, not the tower's.
+class ParameterServer(VariableStrategy):
+    """One copy of each variable, on parameter devices; every tower reads that copy.
+
+    Variables created in a tower are placed on a parameter device, not the tower's.
 
     With one device (the CPU by default) every variable lives there. With several, each new
     variable goes to the device holding the fewest bytes so far (greedy by size), which spreads
@@ -30,7 +37,8 @@ class ParameterServer:
 
     Example:
       >>> strategy = towers.ParameterServer(devices=towers.list_devices())
-      >>> towers.replicate(tower_fn, shards, devices, variable_strategy=strategy)
+      >>> towers.train_step(loss_fn, model, optimizer, batch, devices,
+      ...                   variable_strategy=strategy)
     """
 
     def __init__(self, devices: str | Sequence[str] = "/cpu:0"):
@@ -45,11 +53,18 @@ class ParameterServer:
         return list(self._load)
 
     def load(self) -> dict[str, int]:
-        """Bytes of variables this strategy has placed on each device."""
+        """Bytes of variables this strategy has placed on each device.
+
+        Returns:
+          Device name -> bytes, in the order of `devices`.
+        """
         return dict(self._load)
 
+    @tf.autograph.experimental.do_not_convert
     def scope(self, tower: TowerContext) -> contextlib.AbstractContextManager:
         """A scope in which variables created by `tower` are placed by this strategy.
+
+        Only the first tower may create variables; they lose the tower's name scope.
 
         Args:
           tower: The tower being built.
@@ -58,6 +73,41 @@ class ParameterServer:
           A `tf.variable_creator_scope`.
         """
         return tf.variable_creator_scope(functools.partial(self._create, tower))
+
+    @tf.autograph.experimental.do_not_convert
+    def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
+        """The model's trainable variables, the same for every tower.
+
+        Args:
+          model: A `tf.Module` (its trainable variables) or a list of variables.
+          tower: Ignored: every tower reads the one copy.
+
+        Returns:
+          The variables, as a list.
+
+        Raises:
+          ValueError: if there are none.
+        """
+        del tower
+        return trainable_list(model)
+
+    @tf.autograph.experimental.do_not_convert
+    def reduce_gradients(
+        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+    ) -> list[ReducedGradients]:
+        """The weighted mean of the tower gradients, built where each variable lives.
+
+        Args:
+          model: A `tf.Module` or a list of variables.
+          tower_grads: K lists of N gradients.
+          weights: K weights (shard sizes).
+
+        Returns:
+          One `ReducedGradients`: the averaged gradients of the single copy.
+        """
+        variables = trainable_list(model)
+        grads = ops.average_gradients(tower_grads, weights=weights, variables=variables)
+        return [ReducedGradients(grads, variables)]
 
     def _create(self, tower: TowerContext, next_creator, **kwargs) -> tf.Variable:
         if not tower.is_chief:

@@ -2,17 +2,21 @@
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-import ops
-from ops._tensorflow import tf
-from towers._context import TowerContext, current_tower
+from towers import ops
 from towers._devices import canonical_device
-from towers._named import named_variables, variable_copies
+from towers._tower_context import TowerContext, current_tower
+from towers._variable_names import Copies, Target, named_variables, variable_copies
+from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
+from towers.ops._tensorflow import tf
+from towers.ops._tower_grads import Gradient
+from towers.ops._weighted_mean import Weight
 
 
-class Replicated:
+class Replicated(VariableStrategy):
     """One copy of a model per device; gradients all-reduced, the same update everywhere.
 
     The one way to write a model for this strategy: give a function that builds the model
@@ -32,7 +36,8 @@ class Replicated:
     `train_step` all-reduces the gradients (`ops.all_reduce_gradients`) and applies the same
     update to each copy, with optimizer state per copy. Weight files see one copy, with the
     first replica's names: `save_weights(replicas, path)` writes it and `restore_weights`
-    loads it into every copy.
+    loads it into every copy. A `VariableStrategy` that holds its own copies: pass it as the
+    model to `train_step`, `save_weights` and `CheckpointManager`.
 
     Args:
       build: Called with no argument once per device; returns a `tf.Module` whose
@@ -44,8 +49,9 @@ class Replicated:
       sparse: "gather" (IndexedSlices stay sparse) or "dense".
 
     Raises:
-      ValueError: if devices repeat, a replica has no variables, or replicas differ in
-        structure (the message names the variables).
+      ValueError: if devices repeat, a replica has no variables, `build` returns a model
+        (or variables) it returned before, or replicas differ in structure (the message
+        names the variables).
     """
 
     def __init__(
@@ -67,7 +73,9 @@ class Replicated:
         for i, device in enumerate(self.devices):
             scope = tf.name_scope(f"replica_{i}") if i else contextlib.nullcontext()
             with tf.device(device), scope:
-                self.replicas.append(build())
+                replica = build()
+            self._check_new(replica, i)
+            self.replicas.append(replica)
         self._check_structure()
         self.broadcast()
 
@@ -75,27 +83,33 @@ class Replicated:
     def local(self) -> tf.Module:
         """The current tower's replica (the first one outside towers).
 
+        Returns:
+          The model `build` made for this tower's device.
+
         Raises:
           ValueError: if the tower count differs from the number of replicas.
         """
-        tower = current_tower()
-        if tower is None:
-            return self.replicas[0]
-        if tower.num_towers != len(self.replicas):
-            raise ValueError(
-                f"{len(self.replicas)} replicas cannot serve {tower.num_towers} towers; build "
-                "the towers on the devices of the Replicated."
-            )
-        return self.replicas[tower.index]
+        return self.replicas[self._index(current_tower())]
 
     @tf.autograph.experimental.do_not_convert
     def variables_of(self, index: int) -> list[tf.Variable]:
-        """The trainable variables of replica `index`, aligned across replicas."""
-        return list(self.replicas[index].trainable_variables)
+        """The trainable variables of replica `index`, aligned across replicas.
+
+        Args:
+          index: The replica (tower) index.
+
+        Returns:
+          Its trainable variables, in the order every replica shares.
+        """
+        return trainable_list(self.replicas[index])
 
     @tf.autograph.experimental.do_not_convert
-    def variable_copies(self) -> dict[str, tuple[tf.Variable, ...]]:
-        """Every variable's copies, first replica first, under the first replica's names."""
+    def variable_copies(self) -> Copies:
+        """Every variable's copies, first replica first, under the first replica's names.
+
+        Returns:
+          Canonical name -> (replica 0's variable, replica 1's, ...).
+        """
         per_replica = [list(named_variables(r).values()) for r in self.replicas]
         names = named_variables(self.replicas[0])
         return {name: tuple(v[j] for v in per_replica) for j, name in enumerate(names)}
@@ -107,8 +121,18 @@ class Replicated:
                 copy.assign(copies[0])
 
     @tf.autograph.experimental.do_not_convert
-    def all_reduce(self, tower_grads: list, weights=None) -> list[list]:
-        """All-reduces `K x N` tower gradients with this strategy's settings."""
+    def all_reduce(
+        self, tower_grads: list[list[Gradient]], weights: Sequence[Weight] | None = None
+    ) -> list[list[Gradient]]:
+        """All-reduces `K x N` tower gradients with this strategy's settings.
+
+        Args:
+          tower_grads: K lists of N gradients, tower i's for replica i.
+          weights: K weights of the mean (shard sizes); None for the plain mean.
+
+        Returns:
+          K lists of N reduced gradients, list i on device i; all equal.
+        """
         return ops.all_reduce_gradients(
             tower_grads,
             self.devices,
@@ -120,8 +144,25 @@ class Replicated:
             variables=self.variables_of(0),
         )
 
-    def scope(self, tower: TowerContext):
-        """Refuses variable creation in towers: replicas are built up front."""
+    @tf.autograph.experimental.do_not_convert
+    def scope(self, tower: TowerContext) -> contextlib.AbstractContextManager:
+        """Checks the tower against the replicas; refuses variable creation in it.
+
+        Args:
+          tower: The tower being built: tower i must be on replica i's device.
+
+        Returns:
+          A `tf.variable_creator_scope` that raises: replicas are built up front.
+
+        Raises:
+          ValueError: if the towers are not built on the replicas' devices.
+        """
+        if tower.num_towers != len(self.devices) or tower.device != self.devices[tower.index]:
+            raise ValueError(
+                f"`devices` must be the devices of the Replicated variables, one tower per "
+                f"replica; got tower {tower.index} of {tower.num_towers} on {tower.device!r}, "
+                f"replicas on {self.devices}."
+            )
 
         def refuse(next_creator, **kwargs):
             raise ValueError(
@@ -131,6 +172,75 @@ class Replicated:
             )
 
         return tf.variable_creator_scope(refuse)
+
+    @tf.autograph.experimental.do_not_convert
+    def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
+        """The trainable variables of `tower`'s own replica (the first outside towers).
+
+        Args:
+          model: This `Replicated` (it is its own model).
+          tower: The tower, or None.
+
+        Returns:
+          Replica i's trainable variables for tower i.
+
+        Raises:
+          ValueError: if `model` is another object, or the tower count differs from the
+            number of replicas.
+        """
+        self._check_model(model)
+        return self.variables_of(self._index(tower))
+
+    @tf.autograph.experimental.do_not_convert
+    def reduce_gradients(
+        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+    ) -> list[ReducedGradients]:
+        """All-reduces the tower gradients: one update per replica, on its device.
+
+        Args:
+          model: This `Replicated`.
+          tower_grads: K lists of N gradients, tower i's for replica i.
+          weights: K weights (shard sizes).
+
+        Returns:
+          K `ReducedGradients`, the i-th for replica i's variables on its device; all K
+          gradient lists are bitwise equal, so the copies stay identical.
+        """
+        self._check_model(model)
+        reduced = self.all_reduce(tower_grads, weights=weights)
+        return [
+            ReducedGradients(grads, self.variables_of(i), device)
+            for i, (grads, device) in enumerate(zip(reduced, self.devices))
+        ]
+
+    def _index(self, tower: TowerContext | None) -> int:
+        if tower is None:
+            return 0
+        if tower.num_towers != len(self.replicas):
+            raise ValueError(
+                f"{len(self.replicas)} replicas cannot serve {tower.num_towers} towers; build "
+                "the towers on the devices of the Replicated."
+            )
+        return tower.index
+
+    def _check_model(self, model: Any) -> None:
+        if model is not self:
+            raise ValueError(
+                "A Replicated holds its own copies of the model; pass it as the model, e.g. "
+                "towers.train_step(loss_fn, replicas, optimizer, batch, devices), not as "
+                f"variable_strategy= beside another model ({type(model).__name__})."
+            )
+
+    def _check_new(self, replica: tf.Module, index: int) -> None:
+        """Refuses a replica that is, or shares variables with, an earlier one."""
+        mine = {v.ref() for v in named_variables(replica).values()}
+        for i, earlier in enumerate(self.replicas):
+            if earlier is replica or mine & {v.ref() for v in named_variables(earlier).values()}:
+                raise ValueError(
+                    f"`build` returned a model for replica {index} that is (or shares variables "
+                    f"with) the one of replica {i}. `build` must create a new model on every "
+                    "call, e.g. `lambda: Model()`, not `lambda: model`."
+                )
 
     def _check_structure(self) -> None:
         first = {n: (v.shape, v.dtype) for n, v in named_variables(self.replicas[0]).items()}
@@ -149,7 +259,7 @@ class Replicated:
                 )
 
 
-def check_replicas_identical(target) -> None:
+def check_replicas_identical(target: Target) -> None:
     """Checks that every copy of every variable equals the first, bit for bit (eagerly).
 
     Args:

@@ -2,8 +2,8 @@
 
 from collections.abc import Iterable
 
-from ops._tensorflow import tf
-from towers._named import canonical_name
+from towers._variable_names import Copies, canonical_name
+from towers.ops._tensorflow import tf
 
 
 class SGD(tf.Module):
@@ -73,12 +73,16 @@ class SGD(tf.Module):
             for var in variables:
                 self._slot(var)
 
-    def variable_copies(self) -> dict[str, tuple[tf.Variable, ...]]:
+    def variable_copies(self) -> Copies:
         """The momentum slots by tower-free variable name; replicas' slots are copies.
 
         With `towers.Replicated`, copies "replica_1/w"... of variable "w" each have a slot;
         they are saved once under "slots/w" and restored into every copy, so optimizer state
         moves between tower counts like the weights do.
+
+        Returns:
+          "slots/<name>" -> the slot of each copy of variable <name>, the first replica's
+          first.
         """
         grouped: dict[str, list] = {}
         for key, slot in self.slots.items():

@@ -5,10 +5,10 @@ import os
 
 import numpy as np
 
-from ops._tensorflow import tf
-from towers import _formats
+from towers import _weight_formats
 from towers._checkpoint_files import latest_checkpoint_file
-from towers._named import Target, named_variables, variable_copies
+from towers._variable_names import Target, named_variables, variable_copies
+from towers.ops._tensorflow import tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ def save_weights(target: Target, path: str, *, session: tf.compat.v1.Session | N
       ValueError: if a list target has two variables of one name.
     """
     variables = named_variables(target)
-    _formats.write(os.fspath(path), _values(variables, session))
+    _weight_formats.write(os.fspath(path), _values(variables, session))
 
 
 def restore_weights(
@@ -80,7 +80,7 @@ def restore_weights(
     path = os.fspath(path)
     copies = variable_copies(target)
     try:
-        arrays = _formats.read(path)
+        arrays = _weight_formats.read(path)
     except FileNotFoundError as error:
         latest = latest_checkpoint_file(path) or latest_checkpoint_file(os.path.dirname(path))
         hint = f" The latest checkpoint found there is {latest!r}." if latest else ""
@@ -91,10 +91,16 @@ def restore_weights(
 def read_weights(path: str) -> dict[str, np.ndarray]:
     """Every array of a weights file, by name; for inspection and conversion.
 
+    Args:
+      path: A `.npz`, a `.h5`, or a TensorFlow checkpoint directory or prefix.
+
+    Returns:
+      Name -> numpy array, as saved.
+
     Raises:
       FileNotFoundError, ValueError: as `restore_weights`.
     """
-    return _formats.read(os.fspath(path))
+    return _weight_formats.read(os.fspath(path))
 
 
 def restore_arrays(

@@ -1,11 +1,32 @@
+"""The all-reduce contract, run against every algorithm (and a custom one built through it)."""
+
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-import ops
 from tests import test_util
+from towers import ops
 
-CPU_ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto")
+CPU_ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto", "add_everywhere")
+
+
+class AddEverywhere(ops.AllReduce):
+    """A custom algorithm written against the public contract: every device adds all values."""
+
+    name = "add_everywhere"
+
+    def sum(self, values, devices, wire_dtype):
+        dtype = values[0].dtype
+        sent = [v if wire_dtype is None else tf.cast(v, wire_dtype) for v in values]
+        out = []
+        for device in devices:
+            with tf.device(device):
+                out.append(tf.add_n([tf.cast(tf.identity(v), dtype) for v in sent]))
+        return out
+
+
+def _algorithm(name):
+    return AddEverywhere() if name == "add_everywhere" else ops.all_reduce_algorithm(name)
 
 
 def _run(algorithm, values, devices, **kwargs):
@@ -17,7 +38,7 @@ def _run(algorithm, values, devices, **kwargs):
         for tensor, device in zip(tensors, devices):
             with tf.device(device):
                 placed.append(tf.identity(tensor))
-        out = ops.all_reduce_algorithm(algorithm)(placed, devices, **kwargs)
+        out = algorithm(placed, devices, **kwargs)
         return out, [t.device for t in out]
 
     out, placement = reduce(*[tf.constant(v) for v in values])
@@ -47,31 +68,35 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         rng = np.random.default_rng(k)
         values = [rng.normal(size=(5, 7)).astype(np.float32) for _ in range(k)]
         devices = test_util.devices(k)
-        out, _ = _run(algorithm, values, devices, reduction=reduction)
-        expected = np.sum(values, axis=0) / (k if reduction == "mean" else 1)
+        out, _ = _run(_algorithm(algorithm), values, devices, reduction=reduction)
+        expected = np.sum(np.asarray(values, np.float64), axis=0) / (
+            k if reduction == "mean" else 1
+        )
         for result in out:
-            test_util.assert_allclose(result, expected, rtol=1e-6, atol=1e-6)
+            test_util.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(result, out[0])  # bitwise identical everywhere
 
     @parameterized.parameters(*CPU_ALGORITHMS)
     def test_results_are_built_on_their_devices(self, algorithm):
         devices = test_util.devices(4)
-        _, built_on = _graph(ops.all_reduce_algorithm(algorithm), devices, tf.zeros([3, 2]))
+        _, built_on = _graph(_algorithm(algorithm), devices, tf.zeros([3, 2]))
         self.assertEqual(built_on, devices)
 
     @parameterized.parameters(*CPU_ALGORITHMS)
     def test_one_device_is_an_identity(self, algorithm):
-        out, _ = _run(algorithm, [np.ones([2], np.float32)], test_util.devices(1))
+        out, _ = _run(_algorithm(algorithm), [np.ones([2], np.float32)], test_util.devices(1))
         self.assertAllEqual(out[0], [1.0, 1.0])
 
-    @parameterized.product(algorithm=["reduce_broadcast", "ring"], wire=["float16", "bfloat16"])
+    @parameterized.product(
+        algorithm=["reduce_broadcast", "ring", "add_everywhere"], wire=["float16", "bfloat16"]
+    )
     def test_compressed_transfer_within_its_bound(self, algorithm, wire):
         """Each hop rounds to the wire dtype once: error <= K * u * sum(|x|), u its unit."""
         k = 8
         rng = np.random.default_rng(0)
         values = [rng.normal(size=(64,)).astype(np.float32) for _ in range(k)]
         dtype = tf.as_dtype(wire)
-        out, _ = _run(algorithm, values, test_util.devices(k), wire_dtype=dtype)
+        out, _ = _run(_algorithm(algorithm), values, test_util.devices(k), wire_dtype=dtype)
         unit = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[wire]
         bound = k * unit * np.sum(np.abs(values), axis=0)
         exact = np.sum(np.asarray(values, np.float64), axis=0)
@@ -85,7 +110,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         """NCCL kernels exist only for GPUs: check the graph it builds, without running it."""
         devices = [f"/device:GPU:{i}" for i in range(4)]
         graph, built_on = _graph(
-            ops.Nccl(), devices, tf.TensorSpec([8], tf.float32), reduction="mean"
+            ops.NcclAllReduce(), devices, tf.TensorSpec([8], tf.float32), reduction="mean"
         )
         nccl = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
         self.assertEqual([test_util.local_device(op.device) for op in nccl], devices)
@@ -94,25 +119,98 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen({op.get_attr("shared_name") for op in nccl}, 1)
         self.assertEqual(built_on, devices)
 
+    def test_nccl_instances_never_share_names(self):
+        devices = [f"/device:GPU:{i}" for i in range(2)]
+        names = set()
+        for algorithm in (ops.NcclAllReduce(), ops.NcclAllReduce()):
+            for _ in range(2):
+                graph, _ = _graph(algorithm, devices, tf.TensorSpec([8], tf.float32))
+                ops_ = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
+                names |= {op.get_attr("shared_name") for op in ops_}
+        self.assertLen(names, 4)
+
     def test_nccl_refuses_cpus(self):
         with self.assertRaisesRegex(ValueError, "'nccl' all-reduce runs only on GPUs"):
-            ops.Nccl()([tf.ones([2])] * 2, test_util.devices(2))
+            ops.NcclAllReduce()([tf.ones([2])] * 2, test_util.devices(2))
 
     def test_auto_chooses_by_device_type_and_size(self):
-        auto = ops.Auto(small_bytes=1024)
+        auto = ops.AutoAllReduce(small_bytes=1024)
         gpus = ["/device:GPU:0", "/device:GPU:1"]
-        self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.Nccl)
-        self.assertIsInstance(auto.choose(tf.ones([4]), test_util.devices(2)), ops.ReduceBroadcast)
-        self.assertIsInstance(auto.choose(tf.ones([1024]), test_util.devices(2)), ops.Ring)
+        cpus = test_util.devices(2)
+        self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.NcclAllReduce)
+        self.assertIsInstance(auto.choose(tf.ones([4]), cpus), ops.ReduceBroadcastAllReduce)
+        self.assertIsInstance(auto.choose(tf.ones([1024]), cpus), ops.RingAllReduce)
 
     def test_collective_needs_tf_function(self):
         with tf.Graph().as_default():
             values = [tf.ones([2]) for _ in range(2)]
             with self.assertRaisesRegex(ValueError, "'collective' all-reduce needs tf.function"):
-                ops.Collective()(values, test_util.devices(2))
+                ops.CollectiveAllReduce()(values, test_util.devices(2))
+
+    def test_collectives_are_ordered_per_device(self):
+        """Three all-reduces in one function: each device's collectives form a chain."""
+        devices = test_util.devices(2)
+        algorithm = ops.CollectiveAllReduce()
+
+        @tf.function
+        def reduce(x):
+            placed = []
+            for device in devices:
+                with tf.device(device):
+                    placed.append(x * 2.0)
+            return [algorithm(placed, devices) for _ in range(3)]
+
+        graph = reduce.get_concrete_function(tf.TensorSpec([3])).graph
+        for device in devices:
+            chain = [
+                op
+                for op in graph.get_operations()
+                if op.type == "CollectiveReduceV2" and test_util.local_device(op.device) == device
+            ]
+            self.assertLen(chain, 3)
+            for before, after in zip(chain, chain[1:]):
+                self.assertIn(before, after.control_inputs)
+        collectives = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+        instance_keys = [int(tf.get_static_value(op.inputs[3])) for op in collectives]
+        self.assertEqual(sorted(instance_keys), [1, 1, 2, 2, 3, 3])
+
+    def test_names_give_new_instances_with_their_own_keys(self):
+        first, second = (ops.all_reduce_algorithm("collective") for _ in range(2))
+        self.assertIsNot(first, second)
+        devices = test_util.devices(2)
+        self.assertNotEqual(first.group_key(devices), second.group_key(devices))
+        self.assertEqual(first.group_key(devices), first.group_key(devices))
+        fixed = ops.CollectiveAllReduce(group_key=5000)
+        self.assertEqual(fixed.group_key(devices), 5000)
+        self.assertEqual(fixed.group_key(test_util.devices(3)), 5001)
+        mine = ops.CollectiveAllReduce(timeout_seconds=5)
+        self.assertIs(ops.all_reduce_algorithm(mine), mine)
+
+    def test_two_instances_on_the_same_devices_do_not_mix(self):
+        """Each reduces other shapes; keys shared between them would collide at run time."""
+        devices = test_util.devices(4)
+        a, b = ops.CollectiveAllReduce(timeout_seconds=30), ops.CollectiveAllReduce(30)
+        out_a, _ = _run(a, [np.full([3], i, np.float32) for i in range(4)], devices)
+        out_b, _ = _run(b, [np.full([5, 2], i, np.float32) for i in range(4)], devices)
+        self.assertAllEqual(out_a[3], [6.0] * 3)
+        self.assertAllEqual(out_b[0], np.full([5, 2], 6.0))
+
+    def test_a_name_inside_tf_function(self):
+        """Built by name in the step itself (a new instance per trace) works and retraces."""
+
+        @tf.function
+        def reduce(x):
+            placed = []
+            for device in test_util.devices(2):
+                with tf.device(device):
+                    placed.append(tf.identity(x))
+            return ops.all_reduce_algorithm("collective")(placed, test_util.devices(2))
+
+        self.assertAllEqual(reduce(tf.ones([2]))[1], [2.0, 2.0])
+        self.assertAllEqual(reduce(tf.ones([3]))[0], [2.0, 2.0, 2.0])
 
     def test_bad_arguments(self):
-        algorithm = ops.Ring()
+        algorithm = ops.RingAllReduce()
         devices = test_util.devices(2)
         with self.assertRaisesRegex(ValueError, "got 2 values and 3 devices"):
             algorithm([tf.ones([2])] * 2, test_util.devices(3))
@@ -124,11 +222,19 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             algorithm([tf.ones([2])] * 2, devices, wire_dtype=tf.int8)
         with self.assertRaisesRegex(ValueError, r"one of \('auto'.*got 'hierarchical'"):
             ops.all_reduce_algorithm("hierarchical")
+        with self.assertRaisesRegex(TypeError, "a name from .* or an ops.AllReduce; got int"):
+            ops.all_reduce_algorithm(3)
+        with self.assertRaisesRegex(ValueError, "`timeout_seconds` must be positive; got 0"):
+            ops.CollectiveAllReduce(timeout_seconds=0)
+        with self.assertRaisesRegex(ValueError, "`group_key` must be a positive int"):
+            ops.CollectiveAllReduce(group_key=-1)
 
-    def test_names_map_to_shared_instances(self):
-        self.assertIs(ops.all_reduce_algorithm("ring"), ops.all_reduce_algorithm("ring"))
-        mine = ops.Collective(timeout_seconds=5)
-        self.assertIs(ops.all_reduce_algorithm(mine), mine)
+    def test_the_contract_needs_sum(self):
+        class Incomplete(ops.AllReduce):
+            pass
+
+        with self.assertRaisesRegex(TypeError, "abstract method.*sum"):
+            Incomplete()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-import ops
 from tests import test_util
+from towers import ops
 
 
 def _towers(k=3):

@@ -1,7 +1,7 @@
 import numpy as np
 import tensorflow as tf
 
-import ops
+from towers import ops
 
 
 class PackingTest(tf.test.TestCase):

@@ -1,56 +1,115 @@
+import re
+import subprocess
+import sys
+
+import numpy as np
 import tensorflow as tf
 
 from tests import test_util
-from towers import _bench_report as bench
+from towers.bench import _tables
+
+CONFIGURATIONS = {
+    "one device",
+    "hand-written towers",
+    "mirrored strategy",
+    "towers ps",
+    "towers replicated ring",
+    "towers replicated collective",
+}
+
+
+def _cells(line: str) -> list[str]:
+    """A table line's cells: columns are at least two spaces apart, cells never are."""
+    return re.split(r"\s{2,}", line.strip())
 
 
 class WeightsBenchTest(tf.test.TestCase):
     def test_table_for_a_tiny_configuration(self):
-        rows = bench.weights_table(1, 2, 1, self.get_temp_dir())
+        rows = _tables.weights_table(1, 2, 1, self.get_temp_dir())
         self.assertEqual([r[0] for r in rows], ["npz", "h5", "checkpoint"])
-        for _, disk_mb, save_s, restore_s, *_ in rows:
+        for _, disk_mb, save_s, restore_s, save_rate, restore_rate in rows:
             self.assertAllClose(disk_mb, 1.0, atol=0.05)
             self.assertGreater(save_s, 0)
             self.assertGreater(restore_s, 0)
-        table = bench.format_table(["format", "disk MB", "save s", "restore s", "a", "b"], rows)
+            self.assertAllClose(save_rate * save_s, 1.0, rtol=1e-6)
+            self.assertAllClose(restore_rate * restore_s, 1.0, rtol=1e-6)
+        table = _tables.format_table(["format", "disk MB", "save s", "restore s", "a", "b"], rows)
         self.assertLen(table.splitlines(), 4)
-        self.assertIn("checkpoint", table.splitlines()[3])
+        self.assertEqual(_cells(table.splitlines()[3])[0], "checkpoint")
 
 
 class StepBenchTest(tf.test.TestCase):
-    def test_table_for_a_tiny_configuration(self):
-        """The real command, in its own processes, for one model on 2 devices and 2 steps."""
+    def test_the_program_prints_one_consistent_row_per_configuration(self):
+        """`python -m towers.bench` itself, one model on 2 devices, 4 steps per configuration."""
         out = test_util.run_python(
-            "import sys; from absl import app; from towers import bench\n"
-            "sys.argv = ['bench', '--models=many_small', '--towers=2', '--steps=2', "
-            "'--warmup=0', '--algorithms=ring,collective', '--batch_size=64']\n"
-            "app.run(bench.main)\n",
+            "import runpy, sys\n"
+            "sys.argv = ['towers.bench', '--models=many_small', '--towers=2', '--steps=2', "
+            "'--warmup=1', '--algorithms=ring,collective', '--batch_size=64']\n"
+            "runpy.run_module('towers.bench', run_name='__main__')\n",
             timeout=300,
         )
-        lines = [line.split() for line in out.splitlines()]
-        self.assertEqual(lines[0][:4], ["model", "K", "configuration", "step"])
-        rows = {" ".join(line[2:-6]): line for line in lines[1:] if line[0] == "many_small"}
+        lines = out.splitlines()
+        header = _cells(lines[0])
         self.assertEqual(
-            set(rows),
-            {
-                "one device",
-                "hand-written towers",
-                "mirrored strategy",
-                "towers ps",
-                "towers replicated ring",
-                "towers replicated collective",
-            },
+            header,
+            [
+                "model",
+                "K",
+                "configuration",
+                "step ms",
+                "examples/s",
+                "trace s",
+                "x one device",
+                "x mirrored",
+                "all-reduces",
+                "loss",
+            ],
         )
-        for line in rows.values():
-            self.assertEqual(line[1], "2")
-            step_ms, examples, trace = (float(x) for x in line[-6:-3])
+        rows = [
+            dict(zip(header, _cells(line)))
+            for line in lines[1:]
+            if line.strip() and _cells(line)[0] == "many_small"
+        ]
+        self.assertLen(rows, len(CONFIGURATIONS))  # one row each, none twice
+        by_config = {row["configuration"]: row for row in rows}
+        self.assertEqual(set(by_config), CONFIGURATIONS)
+        one = float(by_config["one device"]["step ms"])
+        mirrored = float(by_config["mirrored strategy"]["step ms"])
+        losses = [float(row["loss"]) for row in rows]
+        for row in rows:
+            step_ms = float(row["step ms"])
+            self.assertEqual(row["K"], "2")
             self.assertGreater(step_ms, 0)
-            self.assertAlmostEqual(examples, 64 / step_ms * 1e3, delta=examples * 0.01 + 1)
-            self.assertGreater(trace, 0)
-        self.assertEqual(rows["one device"][-3], "1.00")
-        self.assertEqual(rows["mirrored strategy"][-2], "1.00")
-        self.assertEqual(rows["towers replicated ring"][-1], "1")  # 101 variables, one bucket
-        self.assertEqual(rows["towers ps"][-1], "-")
+            self.assertGreater(float(row["trace s"]), 0)
+            self.assertAllClose(float(row["examples/s"]), 64 / step_ms * 1e3, rtol=0.01)
+            self.assertAllClose(float(row["x one device"]), one / step_ms, rtol=0.01, atol=0.01)
+            self.assertAllClose(float(row["x mirrored"]), mirrored / step_ms, rtol=0.01, atol=0.01)
+        # Same weights, data and steps: every configuration trained the same model.
+        np.testing.assert_allclose(losses, losses[0], rtol=2e-6)
+        self.assertEqual(by_config["towers replicated ring"]["all-reduces"], "1")  # one bucket
+        self.assertEqual(by_config["towers ps"]["all-reduces"], "-")
+
+    def test_import_defines_no_flags_and_towers_does_not_import_it(self):
+        code = (
+            "import sys\n"
+            "from absl import flags\n"
+            "import towers\n"
+            "assert 'towers.bench' not in sys.modules, 'import towers imported the benchmark'\n"
+            "import towers.bench\n"
+            "print(sorted(name for name in flags.FLAGS if name in ('suite', 'models', 'towers')))\n"
+        )
+        self.assertEqual(test_util.run_python(code).strip(), "[]")
+
+    def test_bad_flag_is_an_error(self):
+        done = subprocess.run(
+            [sys.executable, "-m", "towers.bench", "--suite=bogus"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn("suite", done.stderr)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from towers import ops
 
-STEPS = 50
+STEPS = 8
+ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto")
 
 
 def _build(seed=0):
@@ -33,31 +35,54 @@ def _train(variables, local, devices, steps, momentum=0.0, start=0):
     return optimizer
 
 
+def _reference(steps, momentum=0.0, seed=0):
+    """The model trained by hand on one device: one tape on the whole batch, a plain update."""
+    model = _build(seed)()
+    step = test_util.reference_step(model, test_util.loss_fn(model), 0.1, momentum)
+    for i in range(steps):
+        step(test_util.batch(11, seed=i))
+    return model
+
+
+class _AddEverywhere(ops.AllReduce):
+    """A custom algorithm through the public contract: every device adds every value."""
+
+    name = "add_everywhere"
+
+    def sum(self, values, devices, wire_dtype):
+        out = []
+        for device in devices:
+            with tf.device(device):
+                out.append(tf.add_n([tf.identity(v) for v in values]))
+        return out
+
+
 class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters("reduce_broadcast", "ring", "collective", "auto")
-    def test_steps_equal_parameter_server_and_single_device(self, algorithm):
-        devices = test_util.devices(4)
-        replicas = towers.Replicated(_build(), devices, all_reduce=algorithm, bucket_bytes=256)
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.reference = _reference(STEPS)
+
+    @parameterized.product(algorithm=(*ALGORITHMS, "custom"), k=[1, 2, 3, 4, 8])
+    def test_steps_equal_a_hand_written_single_device_run(self, algorithm, k):
+        devices = test_util.devices(k)
+        all_reduce = _AddEverywhere() if algorithm == "custom" else algorithm
+        replicas = towers.Replicated(_build(), devices, all_reduce=all_reduce, bucket_bytes=256)
         _train(replicas, replicas.local, devices, STEPS)
         towers.check_replicas_identical(replicas)
+        for got, want in zip(replicas.replicas[-1].variables, self.reference.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
-        shared = _build()()
-        _train(shared, lambda: shared, devices, STEPS)
-        single = _build()()
-        _train(single, lambda: single, test_util.devices(1), STEPS)
-        for copy, ps, one in zip(
-            replicas.replicas[0].variables, shared.variables, single.variables
-        ):
-            test_util.assert_allclose(copy, ps, rtol=1e-5, atol=1e-6)
-            test_util.assert_allclose(copy, one, rtol=1e-5, atol=1e-6)
-
-    def test_momentum_per_copy_stays_identical(self):
+    def test_momentum_per_copy_stays_identical_and_exact(self):
         devices = test_util.devices(3)
         replicas = towers.Replicated(_build(), devices, all_reduce="ring")
         optimizer = _train(replicas, replicas.local, devices, 10, momentum=0.9)
         self.assertLen(optimizer.slots, 3 * 4)  # 4 variables with gradients, 3 copies
         towers.check_replicas_identical(replicas)
         towers.check_replicas_identical(optimizer)
+        reference = _reference(10, momentum=0.9)
+        for got, want in zip(replicas.replicas[2].variables, reference.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     def test_gradient_hook_runs_on_every_replica(self):
         devices = test_util.devices(3)
@@ -141,8 +166,7 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
     def test_resume_with_another_tower_count(self):
         directory = os.path.join(self.get_temp_dir(), "run")
         devices2, devices3 = test_util.devices(2), test_util.devices(3)
-        whole = towers.Replicated(_build(), devices2)
-        _train(whole, whole.local, devices2, 10, momentum=0.9)
+        whole = _reference(10, momentum=0.9)
 
         first = towers.Replicated(_build(), devices2)
         optimizer = _train(first, first.local, devices2, 5, momentum=0.9)
@@ -159,8 +183,8 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         step = tf.function(lambda b: towers.train_step(loss_fn, second, optimizer, b, devices3))
         for i in range(5, 10):
             step(test_util.batch(11, seed=i))
-        for got, want in zip(second.replicas[2].variables, whole.replicas[0].variables):
-            test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        for got, want in zip(second.replicas[2].variables, whole.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     def test_check_names_the_differing_copy(self):
         replicas = towers.Replicated(_build(), test_util.devices(3))
@@ -177,6 +201,13 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
     def test_bad_inputs(self):
         with self.assertRaisesRegex(ValueError, "distinct and non-empty"):
             towers.Replicated(_build(), ["/cpu:1", "/cpu:1"])
+        model = _build()()
+        with self.assertRaisesRegex(
+            ValueError, "replica 1 that is .* the one of replica 0. `build` must create a new"
+        ):
+            towers.Replicated(lambda: model, test_util.devices(2))
+        with self.assertRaisesRegex(ValueError, "replica 1 that is .*shares variables"):
+            towers.Replicated(lambda: _Wrapper(model), test_util.devices(2))
         with self.assertRaisesRegex(ValueError, "model without variables"):
             towers.Replicated(test_util.Model, test_util.devices(2))
         sizes = iter([4, 5])
@@ -191,7 +222,9 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         ):
             towers.Replicated(inconsistent, test_util.devices(2))
         replicas = towers.Replicated(_build(), test_util.devices(2))
-        with self.assertRaisesRegex(ValueError, "must be the devices of the Replicated"):
+        with self.assertRaisesRegex(
+            ValueError, r"must be the devices of the Replicated variables.*got tower 0 of 3"
+        ):
             towers.train_step(
                 lambda b: test_util.loss_fn(replicas.local())(b),
                 replicas,
@@ -208,6 +241,12 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
             towers.train_step(
                 creates, replicas, towers.SGD(0.1), test_util.batch(4), test_util.devices(2)
             )
+
+
+class _Wrapper(tf.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
 
 
 class _Sized(tf.Module):

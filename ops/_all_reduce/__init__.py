@@ -1,0 +1,1 @@
+"""All-reduce algorithms, one per module, sharing the contract of `base.AllReduce`."""

@@ -1,0 +1,50 @@
+"""Choosing an all-reduce by device type and size."""
+
+from collections.abc import Sequence
+
+from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.nccl import NcclAllReduce
+from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
+from towers.ops._all_reduce.ring import RingAllReduce
+from towers.ops._tensorflow import tf
+
+
+class AutoAllReduce(AllReduce):
+    """Chooses by device type and size: NCCL between GPUs, otherwise by bytes on CPUs.
+
+    Args:
+      small_bytes: On CPUs, values up to this size go through `ReduceBroadcastAllReduce`
+        (fewest ops), larger ones through `RingAllReduce` (spreads the additions over the
+        devices).
+    """
+
+    name = "auto"
+
+    def __init__(self, small_bytes: int = 64 * 1024):
+        self.small_bytes = small_bytes
+        self._nccl = NcclAllReduce()
+        self._small, self._large = ReduceBroadcastAllReduce(), RingAllReduce()
+
+    def choose(self, value: tf.Tensor, devices: Sequence[str]) -> AllReduce:
+        """The algorithm `AutoAllReduce` uses for `value` on `devices`.
+
+        Args:
+          value: One of the values to reduce (its size and dtype decide).
+          devices: The devices of the all-reduce.
+
+        Returns:
+          One of this instance's own `NcclAllReduce`, `ReduceBroadcastAllReduce` or
+          `RingAllReduce`.
+        """
+        if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices):
+            return self._nccl
+        elements = value.shape.num_elements()
+        if elements is not None and elements * value.dtype.size <= self.small_bytes:
+            return self._small
+        return self._large
+
+    def sum(
+        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
+    ) -> list[tf.Tensor]:
+        """Delegates to the algorithm `choose` picks; see `AllReduce.sum`."""
+        return self.choose(values[0], devices)(values, devices, wire_dtype=wire_dtype)

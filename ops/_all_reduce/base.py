@@ -1,0 +1,124 @@
+"""The all-reduce contract: K values on K devices in, K equal sums (or means) out."""
+
+import abc
+from collections.abc import Sequence
+
+from towers.ops._tensorflow import tf
+
+REDUCTIONS = ("sum", "mean")
+WIRE_DTYPES = (None, tf.float16, tf.bfloat16)
+
+
+class AllReduce(abc.ABC):
+    """Base of every all-reduce algorithm: one call contract, one method to implement.
+
+    Call an algorithm as `algorithm(values, devices, reduction="sum", wire_dtype=None)`:
+    `values[i]` lives on `devices[i]`; the result is K tensors, result i on `devices[i]`, all
+    equal to the sum (or mean) of the values. With `wire_dtype` (float16 or bfloat16) values
+    cross devices in that dtype. The base class validates the arguments, handles K=1 and the
+    mean; an algorithm implements only `sum`.
+
+    A custom algorithm subclasses `AllReduce` and implements `sum`; it can then be given
+    anywhere an algorithm is accepted (`ops.all_reduce_gradients(algorithm=...)`,
+    `towers.Replicated(all_reduce=...)`):
+
+        class AddEverywhere(ops.AllReduce):
+            name = "add_everywhere"
+
+            def sum(self, values, devices, wire_dtype):
+                out = []
+                for device in devices:
+                    with tf.device(device):
+                        out.append(tf.add_n([tf.identity(v) for v in values]))
+                return out
+
+    Attributes:
+      name: The algorithm's name, as in `ops.ALGORITHMS` for the built-in ones.
+    """
+
+    name = "base"
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(
+        self,
+        values: Sequence[tf.Tensor],
+        devices: Sequence[str],
+        *,
+        reduction: str = "sum",
+        wire_dtype: tf.DType | None = None,
+    ) -> list[tf.Tensor]:
+        """All-reduces `values`; see the class docstring.
+
+        Args:
+          values: K tensors of one shape and dtype, `values[i]` on `devices[i]`.
+          devices: The K devices.
+          reduction: "sum" or "mean".
+          wire_dtype: None, tf.float16 or tf.bfloat16: the dtype values cross devices in.
+
+        Returns:
+          K tensors, result i built on `devices[i]`.
+
+        Raises:
+          ValueError: if values and devices differ in number, values differ in shape or
+            dtype, or `reduction` or `wire_dtype` is unknown.
+        """
+        values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
+        _check(values, devices, reduction, wire_dtype)
+        if len(values) == 1:
+            with tf.device(devices[0]):
+                return [tf.identity(values[0])]
+        summed = self.sum(values, devices, wire_dtype)
+        if reduction == "sum":
+            return summed
+        out = []
+        for value, device in zip(summed, devices):
+            with tf.device(device):
+                out.append(value / tf.cast(len(values), value.dtype))
+        return out
+
+    @abc.abstractmethod
+    def sum(
+        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
+    ) -> list[tf.Tensor]:
+        """The extension point: returns the sum of `values` on each of `devices`.
+
+        Called by `__call__` after validation, with K >= 2 values of one shape and dtype,
+        `values[i]` on `devices[i]`.
+
+        Args:
+          values: The K tensors to add.
+          devices: Their K devices.
+          wire_dtype: None, or the dtype (float16 or bfloat16) to cast values to before they
+            cross devices; cast results back to the values' dtype.
+
+        Returns:
+          K tensors of the values' shape and dtype, tensor i built on `devices[i]`. They must
+          be bitwise equal (compute each sum once and copy it, or add in the same order on
+          every device) so that replicated variables updated with them stay identical.
+        """
+
+
+def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
+    if not values or len(values) != len(devices):
+        raise ValueError(
+            f"All-reduce needs one value per device; got {len(values)} values and "
+            f"{len(devices)} devices."
+        )
+    first = values[0]
+    for i, value in enumerate(values[1:], start=1):
+        if value.dtype != first.dtype or not value.shape.is_compatible_with(first.shape):
+            raise ValueError(
+                f"All-reduced values must agree in shape and dtype; value 0 is "
+                f"{first.dtype.name}{first.shape} and value {i} is {value.dtype.name}{value.shape}."
+            )
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"`reduction` must be one of {REDUCTIONS}; got {reduction!r}.")
+    if wire_dtype not in WIRE_DTYPES:
+        raise ValueError(
+            f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."
+        )
+
+
+def to_wire(value: tf.Tensor, wire_dtype: tf.DType | None) -> tf.Tensor:
+    """`value` cast to the transfer dtype, or unchanged without one."""
+    return value if wire_dtype is None else tf.cast(value, wire_dtype)

@@ -1,0 +1,113 @@
+"""TensorFlow's collective all-reduce (`CollectiveReduceV2`), ordered per device."""
+
+import itertools
+import random
+import uuid
+import weakref
+
+from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._tensorflow import tf
+
+# Random group keys come from here; tf.distribute numbers its own groups from 1.
+_GROUP_KEYS = range(2**20, 2**31 - 1)
+
+
+class CollectiveAllReduce(AllReduce):
+    """TensorFlow's collective all-reduce (`CollectiveReduceV2`; NCCL on GPUs).
+
+    Each device's collectives are ordered by a per-device token, as TensorFlow's own
+    `CollectiveAllReduce` does: without that order the K ops of one function may start in
+    different orders on different devices and wait for each other forever. The token is a
+    resource handle made in the function being built (one per device and function), so
+    `tf.function`'s automatic control dependencies chain the device's collectives; no
+    variable is created, and a new instance may be made inside a function. Build it inside
+    `tf.function`; a v1 graph has no automatic ordering. With `wire_dtype` the sum itself
+    runs in that dtype.
+
+    Every instance owns its keys and tokens: its group keys (one per device set), its
+    instance keys (one per all-reduce it builds) and its ordering tokens. Nothing is shared
+    with other instances, so two models in one process never mix their collectives. Group
+    keys are process-wide in TensorFlow's runtime; an instance draws each at random from
+    [2**20, 2**31) unless `group_key` fixes it (programs whose collectives must meet another
+    process's pass the same `group_key` there).
+
+    Args:
+      timeout_seconds: How long a collective may wait for its peers before failing.
+      group_key: The group key of the first device set this instance reduces over (the next
+        sets get `group_key + 1`, ...); None to draw keys at random.
+
+    Raises:
+      ValueError: if `timeout_seconds` is not positive or `group_key` is out of range.
+    """
+
+    name = "collective"
+
+    def __init__(self, timeout_seconds: float = 120.0, *, group_key: int | None = None):
+        if not isinstance(timeout_seconds, (int, float)) or timeout_seconds <= 0:
+            raise ValueError(f"`timeout_seconds` must be positive; got {timeout_seconds!r}.")
+        if group_key is not None and (not isinstance(group_key, int) or group_key < 1):
+            raise ValueError(f"`group_key` must be a positive int or None; got {group_key!r}.")
+        self.timeout_seconds = timeout_seconds
+        self._first_group_key = group_key
+        self._groups: dict[tuple[str, ...], int] = {}
+        self._instance_keys = itertools.count(1)
+        self._token_name = f"towers_ordering_{uuid.uuid4().hex[:12]}"
+        # Per function graph being built: device -> its ordering token there.
+        self._tokens: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def group_key(self, devices: list[str]) -> int:
+        """The group key this instance uses for `devices` (drawn on first use).
+
+        Args:
+          devices: The devices of one all-reduce, in order.
+
+        Returns:
+          The key, an int.
+        """
+        members = tuple(devices)
+        if members not in self._groups:
+            if self._first_group_key is not None:
+                self._groups[members] = self._first_group_key + len(self._groups)
+            else:
+                self._groups[members] = random.SystemRandom().choice(_GROUP_KEYS)
+        return self._groups[members]
+
+    def sum(
+        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
+    ) -> list[tf.Tensor]:
+        """One `CollectiveReduceV2` per device; see `AllReduce.sum`.
+
+        Raises:
+          ValueError: in a v1 graph, which cannot order collectives.
+        """
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            raise ValueError(
+                "The 'collective' all-reduce needs tf.function (TF2); in a v1 graph use 'ring' "
+                "or 'reduce_broadcast'."
+            )
+        group, instance = self.group_key(devices), next(self._instance_keys)
+        out = []
+        for value, device in zip(values, devices):
+            with tf.device(device):
+                summed = tf.raw_ops.CollectiveReduceV2(
+                    input=to_wire(value, wire_dtype),
+                    group_size=len(devices),
+                    group_key=group,
+                    instance_key=instance,
+                    ordering_token=[self._token(device)],
+                    merge_op="Add",
+                    final_op="Id",
+                    timeout_seconds=self.timeout_seconds,
+                )
+                out.append(tf.cast(summed, value.dtype))
+        return out
+
+    def _token(self, device: str) -> tf.Tensor:
+        """This device's ordering token in the graph being built: an unused resource handle."""
+        tokens = self._tokens.setdefault(tf.compat.v1.get_default_graph(), {})
+        if device not in tokens:
+            with tf.device(device):
+                tokens[device] = tf.raw_ops.VarHandleOp(
+                    dtype=tf.float32, shape=[], shared_name=f"{self._token_name}_{len(tokens)}"
+                )
+        return tokens[device]

@@ -1,0 +1,181 @@
+"""All-reducing `K x N` tower gradients: every tower gets the weighted mean, on its device."""
+
+from collections.abc import Sequence
+
+from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.by_name import all_reduce_algorithm
+from towers.ops._packing import PackSpec, pack, pack_spec, unpack
+from towers.ops._tensorflow import tf
+from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
+from towers.ops._weighted_mean import (
+    Weight,
+    accumulation_dtype,
+    equal_weights,
+    normalized_weights,
+    scale,
+)
+
+SPARSE_MODES = ("gather", "dense")
+
+
+@tf.autograph.experimental.do_not_convert
+def all_reduce_gradients(
+    tower_grads: Sequence[Sequence[Gradient]],
+    devices: Sequence[str],
+    *,
+    weights: Sequence[Weight] | None = None,
+    algorithm: str | AllReduce = "auto",
+    bucket_bytes: int | None = 4 * 2**20,
+    wire_dtype: tf.DType | None = None,
+    sparse: str = "gather",
+    variables: Sequence[tf.Variable] | None = None,
+) -> list[list[Gradient]]:
+    """All-reduces tower gradients so that every tower holds their weighted mean.
+
+    The replicated-variables counterpart of `average_gradients`: tower i's result is on
+    `devices[i]`, and all towers' results are equal (bitwise for every algorithm here), so
+    applying them keeps replicated variables identical.
+
+    * Dense gradients are scaled by their tower's weight, packed into buckets of at most
+      `bucket_bytes` (so the number of all-reduces grows with bytes, not variables), summed
+      by `algorithm`, and unpacked.
+    * `tf.IndexedSlices` are gathered from every tower (`sparse="gather"`), staying sparse, or
+      made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense.
+    * float16/bfloat16 gradients are reduced in float32; `wire_dtype` instead sends float32
+      values as float16/bfloat16 between devices (the plain-op algorithms still add in
+      float32).
+    * None in every tower stays None; None in some towers only is an error.
+
+    Args:
+      tower_grads: K lists of N gradients, tower i's on `devices[i]`.
+      devices: The K tower devices.
+      weights: K weights (shard sizes), normalized; None for the plain mean.
+      algorithm: A name from `ops.ALGORITHMS` or an `ops.AllReduce`.
+      bucket_bytes: The largest bucket; None to all-reduce each gradient on its own.
+      wire_dtype: None, tf.float16 or tf.bfloat16.
+      sparse: "gather" or "dense".
+      variables: The N variables of tower 0, optional, to name them in errors.
+
+    Returns:
+      K lists of N gradients.
+
+    Raises:
+      ValueError: if the towers disagree on N or K disagrees with `devices`, a gradient is
+        None in some towers only, or an argument is unknown.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+    """
+    tower_grads = check_tower_grads(tower_grads, variables)
+    devices = list(devices)
+    if len(devices) != len(tower_grads):
+        raise ValueError(
+            f"`devices` must have one device per tower; got {len(devices)} devices for "
+            f"{len(tower_grads)} towers."
+        )
+    if sparse not in SPARSE_MODES:
+        raise ValueError(f"`sparse` must be one of {SPARSE_MODES}; got {sparse!r}.")
+    algorithm = all_reduce_algorithm(algorithm)
+    norm = normalized_weights(weights, len(devices), "all_reduce_gradients")
+    out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
+    dense_columns = []
+    for j, column in enumerate(zip(*tower_grads)):
+        name = variables[j].name if variables is not None else f"#{j}"
+        if not check_column(column, name):
+            continue
+        if sparse == "gather" and all(isinstance(g, tf.IndexedSlices) for g in column):
+            for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
+                out[i][j] = gathered
+        else:
+            dense_columns.append((j, _dense(list(column), devices)))
+    if dense_columns:
+        reduced = _reduce_dense(
+            [c for _, c in dense_columns], devices, norm, algorithm, bucket_bytes, wire_dtype
+        )
+        for i in range(len(devices)):
+            for (j, _), value in zip(dense_columns, reduced[i]):
+                out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
+    return out
+
+
+def _dtype_of(tower_grads: list, j: int) -> tf.DType:
+    grad = tower_grads[0][j]
+    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
+
+
+def _dense(column: list, devices: list) -> list[tf.Tensor]:
+    """Each tower's gradient, dense and in float32 if half, on its device."""
+    like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), None)
+    dense = []
+    for grad, device in zip(column, devices):
+        with tf.device(device):
+            if isinstance(grad, tf.IndexedSlices):
+                grad = densify(grad, like) if like is not None else tf.convert_to_tensor(grad)
+            dense.append(tf.cast(grad, accumulation_dtype(grad.dtype)))
+    return dense
+
+
+def _reduce_dense(
+    columns: list[list[tf.Tensor]],
+    devices: list,
+    weights: list,
+    algorithm: AllReduce,
+    bucket_bytes: int | None,
+    wire_dtype,
+) -> list[list[tf.Tensor]]:
+    """The weighted sum of N columns of K tensors, packed in buckets; returns K lists of N.
+
+    Weights apply to whole buckets: before the sum when they differ (one multiply per tower
+    and bucket), after it when they are equal (one per device and bucket).
+    """
+    k = len(devices)
+    per_tower = [[column[i] for column in columns] for i in range(k)]
+    spec = (
+        pack_spec(per_tower[0], bucket_bytes)
+        if bucket_bytes is not None
+        else PackSpec(
+            tuple((j,) for j in range(len(columns))), tuple(t.shape for t in per_tower[0])
+        )
+    )
+    equal = equal_weights(weights)
+    packed = []
+    for tensors, device, weight in zip(per_tower, devices, weights):
+        with tf.device(device):
+            buckets = pack(tensors, spec)
+            packed.append(buckets if equal else [b * tf.cast(weight, b.dtype) for b in buckets])
+    summed = [
+        algorithm(
+            [packed[i][b] for i in range(k)], devices, wire_dtype=_wire(packed[0][b], wire_dtype)
+        )
+        for b in range(len(spec.buckets))
+    ]
+    out = []
+    for i, device in enumerate(devices):
+        with tf.device(device):
+            buckets = [bucket[i] for bucket in summed]
+            if equal:
+                buckets = [b * tf.cast(weights[0], b.dtype) for b in buckets]
+            out.append(unpack(buckets, spec))
+    return out
+
+
+def _wire(value: tf.Tensor, wire_dtype):
+    """Compress only float32 (or wider) values; half values already travel small."""
+    return wire_dtype if value.dtype in (tf.float32, tf.float64) else None
+
+
+def _gather_slices(column: list, devices: list, weights: list) -> list[tf.IndexedSlices]:
+    """Every tower's scaled slices, concatenated, on each device."""
+    scaled = []
+    for grad, device, weight in zip(column, devices, weights):
+        with tf.device(device):
+            scaled.append((scale(grad.values, weight), grad.indices))
+    out = []
+    for device in devices:
+        with tf.device(device):
+            out.append(
+                tf.IndexedSlices(
+                    values=tf.concat([tf.identity(v) for v, _ in scaled], axis=0),
+                    indices=tf.concat([tf.identity(i) for _, i in scaled], axis=0),
+                    dense_shape=column[0].dense_shape,
+                )
+            )
+    return out

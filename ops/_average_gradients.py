@@ -1,0 +1,73 @@
+"""Averaging `K x N` tower gradients into N gradients, sparse and half precision included."""
+
+from collections.abc import Sequence
+
+from towers.ops._device_scope import device_scope
+from towers.ops._tensorflow import tf
+from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
+from towers.ops._weighted_mean import Weight, normalized_weights, scale, weighted_sum
+
+
+@tf.autograph.experimental.do_not_convert
+def average_gradients(
+    tower_grads: Sequence[Sequence[Gradient]],
+    weights: Sequence[Weight] | None = None,
+    *,
+    variables: Sequence[tf.Variable] | None = None,
+) -> list[Gradient]:
+    """Averages the gradients of K towers, variable by variable.
+
+    With `weights` set to the shard sizes, the average of per-shard mean-loss gradients equals
+    the gradient of the mean loss over the whole batch, also for uneven splits.
+
+    * A variable whose gradient is None in every tower stays None.
+    * `tf.IndexedSlices` stay sparse: indices and scaled values are concatenated.
+    * A mix of sparse and dense gradients becomes dense.
+    * float16 and bfloat16 gradients are accumulated in float32 and cast back.
+
+    Args:
+      tower_grads: K lists (one per tower) of N gradients, aligned with one list of variables.
+      weights: K non-negative weights, normalized to sum to one; None for the plain mean.
+      variables: The N variables, optional. When given, each average is built on its
+        variable's device (reduce where the variable lives) and errors name the variable.
+
+    Returns:
+      A list of N averaged gradients.
+
+    Raises:
+      ValueError: if the towers disagree on N, or a gradient is None in some towers only.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+
+    Example:
+      >>> grads = ops.average_gradients(tower_grads, weights=ops.shard_sizes(batch, k))
+      >>> optimizer.apply_gradients(zip(grads, variables))
+    """
+    tower_grads = check_tower_grads(tower_grads, variables)
+    norm = (
+        None
+        if len(tower_grads) == 1 and weights is None
+        else normalized_weights(weights, len(tower_grads), "average_gradients")
+    )
+    averaged = []
+    for j, column in enumerate(zip(*tower_grads)):
+        name = variables[j].name if variables is not None else f"#{j}"
+        with device_scope(variables[j].device if variables is not None else None):
+            averaged.append(_average_one(list(column), norm, name))
+    return averaged
+
+
+def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Gradient:
+    """Averages one variable's gradients over the towers."""
+    if not check_column(grads, name):
+        return None
+    if weights is None:
+        return grads[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in grads):
+        return tf.IndexedSlices(
+            values=tf.concat([scale(g.values, w) for g, w in zip(grads, weights)], axis=0),
+            indices=tf.concat([g.indices for g in grads], axis=0),
+            dense_shape=grads[0].dense_shape,
+        )
+    dense = next(g for g in grads if not isinstance(g, tf.IndexedSlices))
+    grads = [densify(g, dense) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    return weighted_sum(grads, weights)

@@ -1,0 +1,124 @@
+"""The `K x N` tower-gradient structure: its entries, its checks, and `(gradient, variable)` pairs.
+
+Tower gradients are a list over K towers of lists over N variables, aligned with one variable
+list; each entry is a `tf.Tensor`, a `tf.IndexedSlices` or None.
+"""
+
+from collections.abc import Sequence
+
+from towers.ops._tensorflow import tf
+
+Gradient = tf.Tensor | tf.IndexedSlices | None
+
+
+def split_grad_list(
+    tower_grads_and_vars: Sequence[Sequence[tuple[Gradient, tf.Variable]]],
+) -> tuple[list[list[Gradient]], list[list[tf.Variable]]]:
+    """Splits K lists of `(gradient, variable)` pairs into `K x N` gradients and variables.
+
+    Args:
+      tower_grads_and_vars: One list of N `(gradient, variable)` pairs per tower, as returned
+        by `optimizer.compute_gradients`-style code.
+
+    Returns:
+      `(grads, variables)`, both K lists of N entries; the inverse of `merge_grad_list`.
+
+    Raises:
+      ValueError: if a tower's list has a different length or holds something else than pairs.
+    """
+    grads, variables = [], []
+    for i, pairs in enumerate(tower_grads_and_vars):
+        pairs = list(pairs)
+        if any(not isinstance(p, (tuple, list)) or len(p) != 2 for p in pairs):
+            raise ValueError(f"Tower {i} must hold (gradient, variable) pairs; got {pairs!r}.")
+        if grads and len(pairs) != len(grads[0]):
+            raise ValueError(
+                f"Every tower must have one pair per variable; tower 0 has {len(grads[0])} and "
+                f"tower {i} has {len(pairs)}."
+            )
+        grads.append([g for g, _ in pairs])
+        variables.append([v for _, v in pairs])
+    return grads, variables
+
+
+def merge_grad_list(
+    grads: Sequence[Sequence[Gradient]], variables: Sequence[Sequence[tf.Variable]]
+) -> list[list[tuple[Gradient, tf.Variable]]]:
+    """Zips `K x N` gradients and variables into K lists of `(gradient, variable)` pairs.
+
+    Args:
+      grads: K lists of N gradients.
+      variables: K lists of N variables (the same list K times for shared variables).
+
+    Returns:
+      K lists of N pairs; the inverse of `split_grad_list`.
+
+    Raises:
+      ValueError: if the two disagree on K or on N for some tower.
+    """
+    if len(grads) != len(variables):
+        raise ValueError(
+            f"`grads` and `variables` must have one list per tower; got {len(grads)} and "
+            f"{len(variables)}."
+        )
+    merged = []
+    for i, (tower_g, tower_v) in enumerate(zip(grads, variables)):
+        if len(tower_g) != len(tower_v):
+            raise ValueError(
+                f"Tower {i} has {len(tower_g)} gradients for {len(tower_v)} variables."
+            )
+        merged.append(list(zip(tower_g, tower_v)))
+    return merged
+
+
+def check_tower_grads(
+    tower_grads: Sequence[Sequence[Gradient]], variables: Sequence[tf.Variable] | None
+) -> list[list[Gradient]]:
+    """`tower_grads` as K lists of N, checked to be rectangular and to match `variables`."""
+    tower_grads = [list(grads) for grads in tower_grads]
+    if not tower_grads:
+        raise ValueError("`tower_grads` must hold at least one tower's gradients; got [].")
+    num_vars = len(tower_grads[0])
+    for i, grads in enumerate(tower_grads):
+        if len(grads) != num_vars:
+            raise ValueError(
+                f"Every tower must have one gradient per variable; tower 0 has {num_vars} and "
+                f"tower {i} has {len(grads)}."
+            )
+    if variables is not None and len(variables) != num_vars:
+        raise ValueError(
+            f"`variables` must match the {num_vars} gradients per tower; got {len(variables)}."
+        )
+    return tower_grads
+
+
+def check_column(grads: Sequence[Gradient], name: str) -> bool:
+    """Whether one variable's K gradients exist: False if all are None, else checks them.
+
+    Raises:
+      ValueError: if some towers have None and others not.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+    """
+    missing = [i for i, g in enumerate(grads) if g is None]
+    if len(missing) == len(grads):
+        return False
+    if missing:
+        raise ValueError(
+            f"The gradient of variable {name} is None in towers {missing} but not in the others. "
+            "Every tower must use the same variables; check for towers that skip a layer."
+        )
+    for i, g in enumerate(grads):
+        if not isinstance(g, (tf.Tensor, tf.IndexedSlices)):
+            raise TypeError(
+                f"Gradients must be tf.Tensor, tf.IndexedSlices or None; variable {name} has "
+                f"{type(g).__name__} in tower {i}."
+            )
+    return True
+
+
+def densify(grad: tf.IndexedSlices, like: tf.Tensor) -> tf.Tensor:
+    """The dense tensor of `grad`, shaped like the dense gradient `like`."""
+    num_rows = tf.shape(like, out_type=grad.indices.dtype)[0]
+    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, num_rows)
+    dense.set_shape(like.shape)
+    return dense

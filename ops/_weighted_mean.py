@@ -1,0 +1,71 @@
+"""Weighted means over towers: shard sizes as weights, sums accumulated in float32 for halves.
+
+Gradient averaging, gradient all-reduce and output merging all weight tower i by
+`size_i / batch`; this module holds that arithmetic once.
+"""
+
+from collections.abc import Sequence
+
+from towers.ops._tensorflow import tf
+
+Weight = int | float | tf.Tensor
+
+
+def normalized_weights(weights: Sequence[Weight] | None, num: int, what: str) -> list[Weight]:
+    """Returns `num` weights that sum to one.
+
+    Args:
+      weights: None for equal weights, or `num` non-negative numbers or scalar tensors (shard
+        sizes can be passed as they are); they are divided by their sum.
+      num: How many values are being weighted (towers).
+      what: The calling function's name, for error messages.
+
+    Returns:
+      A list of `num` Python floats when every weight is a Python number, else float32 scalars.
+
+    Raises:
+      ValueError: if the count is wrong, a weight is negative, or all are zero.
+    """
+    if weights is None:
+        return [1.0 / num] * num
+    weights = list(weights)
+    if len(weights) != num:
+        raise ValueError(
+            f"`weights` must have one entry per tower for {what}; got {len(weights)} weights "
+            f"for {num} towers. Pass the shard sizes from `ops.shard_sizes`."
+        )
+    if all(isinstance(w, (int, float)) for w in weights):
+        if any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"`weights` must be non-negative with a positive sum; got {weights}.")
+        total = float(sum(weights))
+        return [w / total for w in weights]
+    weights = [tf.cast(w, tf.float32) for w in weights]
+    total = tf.add_n(weights)
+    return [w / total for w in weights]
+
+
+def equal_weights(weights: Sequence[Weight]) -> bool:
+    """Whether the weights are Python numbers that all agree (one multiply suffices)."""
+    return all(isinstance(w, float) for w in weights) and len(set(weights)) == 1
+
+
+def accumulation_dtype(dtype: tf.DType) -> tf.DType:
+    """float32 for float16 and bfloat16 (sums of halves lose too much), else `dtype`."""
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+def weighted_sum(values: Sequence[tf.Tensor], weights: Sequence[Weight]) -> tf.Tensor:
+    """`sum(w * v)`, accumulated in float32 for half precision; one multiply if weights agree."""
+    dtype = values[0].dtype
+    wide = accumulation_dtype(dtype)
+    if equal_weights(weights):
+        total = tf.add_n([tf.cast(v, wide) for v in values]) * tf.cast(weights[0], wide)
+    else:
+        total = tf.add_n([tf.cast(v, wide) * tf.cast(w, wide) for v, w in zip(values, weights)])
+    return tf.cast(total, dtype)
+
+
+def scale(values: tf.Tensor, weight: Weight) -> tf.Tensor:
+    """`values * weight`, computed in float32 for half-precision values."""
+    wide = accumulation_dtype(values.dtype)
+    return tf.cast(tf.cast(values, wide) * tf.cast(weight, wide), values.dtype)

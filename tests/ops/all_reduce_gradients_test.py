@@ -1,0 +1,145 @@
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tests import test_util
+from towers import ops
+
+ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto")
+
+
+class _Counting(ops.AllReduce):
+    """Counts all-reduces per step and delegates to another algorithm."""
+
+    name = "counting"
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def sum(self, values, devices, wire_dtype):
+        self.calls += 1
+        return self.inner(values, devices, wire_dtype=wire_dtype)
+
+
+def _tower_grads(model, full, k, devices):
+    """Each tower's gradients of its shard's mean loss, built on its device."""
+    grads = []
+    for shard, device in zip(ops.split_batch(full, k), devices):
+        with tf.device(device):
+            with tf.GradientTape() as tape:
+                loss, _ = test_util.loss_fn(model)(shard)
+            grads.append(tape.gradient(loss, model.trainable_variables))
+    return grads
+
+
+class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(algorithm=ALGORITHMS, k=[2, 3, 4, 8], bucket_bytes=[None, 1024])
+    def test_equals_the_plain_mean_on_every_tower(self, algorithm, k, bucket_bytes):
+        model = test_util.Model()
+        full = test_util.batch(11)
+        devices = test_util.devices(k)
+        expected, variables = test_util.reference_gradients(model, full)
+
+        @tf.function
+        def reduce(batch):
+            tower_grads = _tower_grads(model, batch, k, devices)
+            return ops.all_reduce_gradients(
+                tower_grads,
+                devices,
+                weights=ops.shard_sizes(batch, k),
+                algorithm=algorithm,
+                bucket_bytes=bucket_bytes,
+            )
+
+        reduced = reduce(full)
+        self.assertLen(reduced, k)
+        for tower in reduced:
+            for got, want, var in zip(tower, expected, variables):
+                if want is None:
+                    self.assertIsNone(got)
+                    continue
+                self.assertEqual(isinstance(got, tf.IndexedSlices), var.name == "embedding:0")
+                test_util.assert_allclose(test_util.dense(got), test_util.dense(want))
+        for tower in reduced[1:]:
+            for got, first in zip(tower, reduced[0]):
+                if first is not None:
+                    np.testing.assert_array_equal(test_util.dense(got), test_util.dense(first))
+
+    @parameterized.parameters(*ALGORITHMS)
+    def test_sparse_gradients_made_dense_on_request(self, algorithm):
+        model = test_util.Model()
+        full = test_util.batch(8)
+        devices = test_util.devices(4)
+        expected, _ = test_util.reference_gradients(model, full)
+
+        @tf.function
+        def reduce(batch):
+            return ops.all_reduce_gradients(
+                _tower_grads(model, batch, 4, devices), devices, algorithm=algorithm, sparse="dense"
+            )
+
+        embedding = reduce(full)[2][0]
+        self.assertIsInstance(embedding, tf.Tensor)
+        test_util.assert_allclose(embedding, test_util.dense(expected[0]))
+
+    def test_packing_bounds_the_number_of_all_reduces(self):
+        """100 variables: at most 4 all-reduces per step with packing, 100 without."""
+        grads = [[tf.ones([32, 32]) if i % 2 else tf.ones([32]) for i in range(100)]] * 4
+        devices = test_util.devices(4)
+        packed, unpacked = _Counting(ops.RingAllReduce()), _Counting(ops.RingAllReduce())
+        ops.all_reduce_gradients(grads, devices, algorithm=packed)
+        ops.all_reduce_gradients(grads, devices, algorithm=unpacked, bucket_bytes=None)
+        self.assertLessEqual(packed.calls, 4)
+        self.assertEqual(unpacked.calls, 100)
+
+    def test_packed_collectives_in_the_graph(self):
+        devices = test_util.devices(4)
+
+        @tf.function
+        def reduce(x):
+            grads = []
+            for device in devices:
+                with tf.device(device):
+                    grads.append([x[: i + 1] * 2.0 for i in range(100)])
+            return ops.all_reduce_gradients(grads, devices, algorithm="collective")
+
+        graph = reduce.get_concrete_function(tf.zeros([100])).graph
+        collectives = [
+            test_util.local_device(op.device)
+            for op in graph.get_operations()
+            if op.type == "CollectiveReduceV2"
+        ]
+        for device in devices:
+            self.assertBetween(collectives.count(device), 1, 4)
+
+    @parameterized.parameters(tf.float16, tf.bfloat16)
+    def test_compressed_transfer_stays_close_to_the_mean(self, wire):
+        rng = np.random.default_rng(1)
+        grads = [[tf.constant(rng.normal(size=(50,)), tf.float32)] for _ in range(4)]
+        exact = np.mean([g[0].numpy() for g in grads], axis=0)
+        reduced = ops.all_reduce_gradients(
+            grads, test_util.devices(4), algorithm="ring", wire_dtype=wire
+        )
+        unit = 2.0**-11 if wire == tf.float16 else 2.0**-8
+        bound = 4 * unit * np.mean([np.abs(g[0].numpy()) for g in grads], axis=0)
+        self.assertTrue(np.all(np.abs(reduced[0][0].numpy() - exact) <= bound))
+
+    def test_half_precision_gradients_keep_their_dtype(self):
+        grads = [[tf.constant([60000.0], tf.float16)]] * 2
+        reduced = ops.all_reduce_gradients(grads, test_util.devices(2), algorithm="ring")
+        self.assertEqual(reduced[1][0].dtype, tf.float16)
+        self.assertAllClose(tf.cast(reduced[1][0], tf.float32), [60000.0])
+
+    def test_errors(self):
+        devices = test_util.devices(2)
+        with self.assertRaisesRegex(ValueError, "got 3 devices for 2 towers"):
+            ops.all_reduce_gradients([[None]] * 2, test_util.devices(3))
+        with self.assertRaisesRegex(ValueError, r"variable #0 is None in towers \[1\]"):
+            ops.all_reduce_gradients([[tf.ones([1])], [None]], devices)
+        with self.assertRaisesRegex(ValueError, "`sparse` must be one of"):
+            ops.all_reduce_gradients([[None]] * 2, devices, sparse="drop")
+        self.assertEqual(ops.all_reduce_gradients([[None]] * 2, devices), [[None], [None]])
+
+
+if __name__ == "__main__":
+    tf.test.main()

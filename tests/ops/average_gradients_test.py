@@ -1,0 +1,117 @@
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tests import test_util
+from towers import ops
+
+
+def _slices(values, indices, rows=5):
+    return tf.IndexedSlices(
+        tf.constant(values, tf.float32), tf.constant(indices), tf.constant([rows, 2])
+    )
+
+
+class AverageGradientsTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(k=[1, 2, 3, 4, 8], batch=[8, 11, 24])
+    def test_equals_the_single_device_gradient(self, k, batch):
+        """Weighted by shard size, per-shard gradients average to the whole batch's gradient."""
+        model = test_util.Model()
+        full = test_util.batch(batch)
+        expected, variables = test_util.reference_gradients(model, full)
+        tower_grads = []
+        for shard in ops.split_batch(full, k):
+            with tf.GradientTape() as tape:
+                loss, _ = test_util.loss_fn(model)(shard)
+            tower_grads.append(tape.gradient(loss, variables))
+        averaged = ops.average_gradients(tower_grads, ops.shard_sizes(full, k))
+        for got, want, var in zip(averaged, expected, variables):
+            if var.name.startswith("unused"):
+                self.assertIsNone(got)
+                continue
+            self.assertEqual(isinstance(got, tf.IndexedSlices), var.name.startswith("embedding"))
+            test_util.assert_allclose(test_util.dense(got), test_util.dense(want))
+
+    def test_plain_mean(self):
+        grads = [[tf.constant([1.0, 2.0])], [tf.constant([3.0, 6.0])]]
+        self.assertAllClose(ops.average_gradients(grads)[0], [2.0, 4.0])
+
+    def test_one_tower_is_the_identity(self):
+        grad = tf.constant([1.0])
+        self.assertIs(ops.average_gradients([[grad, None]])[0], grad)
+
+    def test_weights_are_normalized(self):
+        grads = [[tf.constant(1.0)], [tf.constant(4.0)]]
+        self.assertAllClose(ops.average_gradients(grads, weights=[3, 1])[0], 1.75)
+
+    def test_sparse_stays_sparse(self):
+        grads = [[_slices([[1.0, 1.0]], [0])], [_slices([[2.0, 2.0], [4.0, 4.0]], [0, 3])]]
+        got = ops.average_gradients(grads, weights=[1, 3])[0]
+        self.assertIsInstance(got, tf.IndexedSlices)
+        self.assertAllEqual(got.indices, [0, 0, 3])
+        self.assertAllClose(got.values, [[0.25, 0.25], [1.5, 1.5], [3.0, 3.0]])
+        self.assertAllEqual(got.dense_shape, [5, 2])
+
+    def test_sparse_and_dense_become_dense(self):
+        grads = [[_slices([[2.0, 2.0]], [1])], [tf.ones([5, 2])]]
+        got = ops.average_gradients(grads)[0]
+        self.assertIsInstance(got, tf.Tensor)
+        expected = np.full([5, 2], 0.5)
+        expected[1] += 1.0
+        self.assertAllClose(got, expected)
+
+    @parameterized.parameters(tf.float16, tf.bfloat16)
+    def test_half_precision_accumulates_in_float32(self, dtype):
+        # 60000 + 60000 overflows float16; the mean of the two does not.
+        grads = [[tf.constant([60000.0, 1.0], dtype)], [tf.constant([60000.0, 2.0], dtype)]]
+        got = ops.average_gradients(grads)[0]
+        self.assertEqual(got.dtype, dtype)
+        self.assertTrue(np.all(np.isfinite(tf.cast(got, tf.float32))))
+        self.assertAllClose(tf.cast(got, tf.float32), [60000.0, 1.5], rtol=1e-2)
+        sparse = [[tf.IndexedSlices(tf.constant([[60000.0]], dtype), tf.constant([0]))]] * 2
+        self.assertEqual(ops.average_gradients(sparse)[0].values.dtype, dtype)
+
+    def test_none_everywhere_stays_none(self):
+        self.assertEqual(ops.average_gradients([[None], [None], [None]]), [None])
+
+    def test_none_in_some_towers_names_variable_and_towers(self):
+        var = tf.Variable([1.0], name="layer_w")
+        grads = [[tf.ones([1])], [None], [tf.ones([1])], [None]]
+        with self.assertRaisesRegex(ValueError, r"variable layer_w:0 is None in towers \[1, 3\]"):
+            ops.average_gradients(grads, variables=[var])
+        with self.assertRaisesRegex(ValueError, r"variable #0 is None in towers \[1, 3\]"):
+            ops.average_gradients(grads)
+
+    def test_towers_disagree_on_number_of_variables(self):
+        with self.assertRaisesRegex(ValueError, "tower 0 has 2 and tower 1 has 1"):
+            ops.average_gradients([[tf.ones([1]), None], [tf.ones([1])]])
+
+    def test_variables_length_mismatch(self):
+        with self.assertRaisesRegex(ValueError, "match the 1 gradients per tower; got 2"):
+            ops.average_gradients([[tf.ones([1])]], variables=[tf.Variable(1.0)] * 2)
+
+    def test_bad_gradient_type(self):
+        with self.assertRaisesRegex(TypeError, "variable #0 has list in tower 1"):
+            ops.average_gradients([[tf.ones([1])], [[1.0]]])
+
+    def test_no_towers(self):
+        with self.assertRaisesRegex(ValueError, "at least one tower"):
+            ops.average_gradients([])
+
+    def test_averages_are_built_where_the_variables_live(self):
+        with tf.device("/cpu:6"):
+            var = tf.Variable(tf.zeros([2]))
+
+        @tf.function
+        def average(a, b):
+            with tf.device("/cpu:1"):
+                return ops.average_gradients([[a], [b]], variables=[var])
+
+        graph = average.get_concrete_function(tf.zeros([2]), tf.zeros([2])).graph
+        add = [op for op in graph.get_operations() if op.type == "AddN"]
+        self.assertLen(add, 1)
+        self.assertIn("CPU:6", add[0].device)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,54 @@
+import tensorflow as tf
+
+import towers
+from tests import test_util
+from towers import ops
+
+
+class ParameterServerTest(tf.test.TestCase):
+    def test_variables_live_on_the_parameter_server_not_the_tower(self):
+        model = test_util.Model()
+        shards = ops.split_batch(test_util.batch(6), 3)
+        towers.replicate(model, [s[0] for s in shards], test_util.devices(8)[5:])
+        for var in model.variables:
+            self.assertEqual(test_util.local_device(var.device), "/device:CPU:0", var.name)
+
+    def test_parameter_server_on_another_device(self):
+        model = test_util.Model()
+        strategy = towers.ParameterServer("/cpu:7")
+        towers.replicate(model, [test_util.batch(2)[0]], ["/cpu:0"], variable_strategy=strategy)
+        self.assertEqual(
+            {test_util.local_device(v.device) for v in model.variables}, {"/device:CPU:7"}
+        )
+
+    def test_spread_by_size_least_loaded_first(self):
+        sizes = [100, 60, 50, 30, 20, 10]
+        strategy = towers.ParameterServer(devices=test_util.devices(3))
+
+        def fn(_):
+            return [tf.Variable(tf.zeros([n]), name=f"v{n}") for n in sizes]
+
+        (created,) = towers.replicate(fn, [None], ["/cpu:0"], variable_strategy=strategy)
+        placed = [test_util.local_device(v.device)[-1] for v in created]
+        # Greedy by bytes: 100->0, 60->1, 50->2, 30->2 (200 B), 20->1 (240 B), then 1 and 2
+        # tie at 320 B and the first of them takes 10.
+        self.assertEqual(placed, ["0", "1", "2", "2", "1", "1"])
+        self.assertEqual(list(strategy.load().values()), [400, 360, 320])
+
+    def test_spread_with_callable_initial_values(self):
+        strategy = towers.ParameterServer(devices=test_util.devices(2))
+
+        def fn(_):
+            return [tf.Variable(lambda: tf.zeros([8])), tf.Variable(lambda: tf.zeros([4]))]
+
+        (created,) = towers.replicate(fn, [None], ["/cpu:0"], variable_strategy=strategy)
+        self.assertEqual([test_util.local_device(v.device) for v in created], test_util.devices(2))
+        self.assertEqual(list(strategy.load().values()), [32, 16])
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(ValueError, r"at least one device; got \[\]"):
+            towers.ParameterServer([])
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,168 @@
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+
+STEPS = 20
+
+
+def _reference_run(batches, learning_rate=0.1, momentum=0.0):
+    """The same model trained by hand on one device: whole batches, a plain update."""
+    model = test_util.Model()
+    step = test_util.reference_step(model, test_util.loss_fn(model), learning_rate, momentum)
+    results = [step(b) for b in batches]
+    return model, results
+
+
+def _towers_run(batches, k, learning_rate=0.1, momentum=0.0, signature=None, **kwargs):
+    model = test_util.Model()
+    optimizer = towers.SGD(learning_rate, momentum)
+    devices = test_util.devices(k)
+
+    @tf.function(input_signature=signature)
+    def step(batch):
+        return towers.train_step(
+            test_util.loss_fn(model), model, optimizer, batch, devices, **kwargs
+        )
+
+    results = [step(b) for b in batches]
+    return model, results
+
+
+def _assert_same_weights(model, reference, rtol=1e-5):
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        test_util.assert_allclose(got, want, rtol=rtol, atol=1e-6)
+
+
+class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(k=[1, 2, 3, 4, 8], batch=[24, 11])
+    def test_steps_equal_single_device_steps(self, k, batch):
+        batches = [test_util.batch(batch, seed=i) for i in range(STEPS)]
+        reference, ref_results = _reference_run(batches)
+        model, results = _towers_run(batches, k)
+        _assert_same_weights(model, reference)
+        for (loss, logits), (ref_loss, ref_logits) in zip(results, ref_results):
+            test_util.assert_allclose(loss, ref_loss, rtol=1e-5)
+            test_util.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
+        self.assertAllEqual(model.unused, tf.ones([2]))  # None gradient: never updated
+
+    def test_stateful_optimizer_equals_single_device(self):
+        batches = [test_util.batch(11, seed=i) for i in range(STEPS)]
+        reference, _ = _reference_run(batches, momentum=0.9)
+        model, _ = _towers_run(batches, 3, momentum=0.9)
+        _assert_same_weights(model, reference)
+
+    def test_dynamic_batch_size(self):
+        batches = [test_util.batch(n, seed=n) for n in (11, 16, 9, 13)]
+        signature = [
+            tf.nest.map_structure(
+                lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), batches[0]
+            )
+        ]
+        reference, _ = _reference_run(batches)
+        model, results = _towers_run(batches, 4, signature=signature)
+        _assert_same_weights(model, reference)
+        self.assertEqual([r[1].shape[0] for r in results], [11, 16, 9, 13])
+
+    def test_gradient_hook_sees_averaged_gradients_and_controls_the_update(self):
+        full = test_util.batch(11)
+        expected, _ = test_util.reference_gradients(test_util.Model(), full)
+        seen = {}
+
+        def freeze_w2(grads, variables):
+            seen.update(grads=grads, names=[v.name for v in variables])
+            return [None if v.name.startswith("w2") else g for g, v in zip(grads, variables)]
+
+        model = test_util.Model()
+        devices = test_util.devices(3)
+        towers.train_step(
+            test_util.loss_fn(model), model, towers.SGD(0.1), full, devices, gradient_hook=freeze_w2
+        )
+        for got, want in zip(seen["grads"], expected):
+            if want is not None:
+                test_util.assert_allclose(test_util.dense(got), test_util.dense(want))
+        self.assertAllEqual(model.w2, _initial(model, "w2"))
+        self.assertNotAllClose(model.w1, _initial(model, "w1"))
+
+    def test_gradient_hook_returning_the_wrong_count(self):
+        model = test_util.Model()
+        with self.assertRaisesRegex(ValueError, "must return a list of 5 gradients"):
+            towers.train_step(
+                test_util.loss_fn(model),
+                model,
+                towers.SGD(0.1),
+                test_util.batch(4),
+                test_util.devices(2),
+                gradient_hook=lambda grads, variables: grads[:2],
+            )
+
+    def test_loss_must_be_a_scalar(self):
+        model = test_util.Model()
+
+        def per_example_loss(batch):
+            return tf.reduce_sum(model(batch[0]), axis=1)
+
+        with self.assertRaisesRegex(ValueError, r"floating scalar.*shape \(2,\)"):
+            towers.train_step(
+                per_example_loss, model, towers.SGD(0.1), test_util.batch(4), test_util.devices(2)
+            )
+
+    def test_loss_only_and_a_variable_list(self):
+        model = test_util.Model()
+        model(test_util.batch(1)[0])  # build
+        loss_only = lambda batch: test_util.loss_fn(model)(batch)[0]  # noqa: E731
+        loss, outputs = towers.train_step(
+            loss_only,
+            list(model.trainable_variables),
+            towers.SGD(0.1),
+            test_util.batch(6),
+            test_util.devices(3),
+        )
+        self.assertIsNone(outputs)
+        self.assertEqual(loss.shape, [])
+
+    def test_bad_variables(self):
+        with self.assertRaisesRegex(ValueError, "non-empty list of tf.Variable"):
+            towers.train_step(
+                lambda b: tf.reduce_mean(b),
+                [],
+                towers.SGD(0.1),
+                tf.zeros([4]),
+                test_util.devices(2),
+            )
+
+    def test_v1_session_equals_single_device(self):
+        batches = [test_util.batch(11, seed=i) for i in range(5)]
+        reference, _ = _reference_run(batches)
+        with tf.Graph().as_default():
+            model = test_util.Model()
+            placeholders = tf.nest.map_structure(
+                lambda t: tf.compat.v1.placeholder(t.dtype, [None, *t.shape[1:]]), batches[0]
+            )
+            loss, _ = towers.train_step(
+                test_util.loss_fn(model), model, towers.SGD(0.1), placeholders, test_util.devices(3)
+            )
+            with tf.compat.v1.Session(config=towers.session_config()) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for batch in batches:
+                    feed = dict(
+                        zip(
+                            tf.nest.flatten(placeholders),
+                            [t.numpy() for t in tf.nest.flatten(batch)],
+                        )
+                    )
+                    sess.run(loss, feed)
+                weights = sess.run(model.trainable_variables)
+        for got, want in zip(weights, reference.trainable_variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _initial(model, name):
+    fresh = test_util.Model(seed=model.seed)
+    fresh(test_util.batch(1)[0])
+    return getattr(fresh, name)
+
+
+if __name__ == "__main__":
+    tf.test.main()

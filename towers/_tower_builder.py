@@ -1,0 +1,116 @@
+"""Building one tower per device, each in its variable strategy's scope."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towers._devices import canonical_device
+from towers._parameter_server import ParameterServer
+from towers._tower_context import TowerContext, current_tower
+from towers._variable_strategy import VariableStrategy
+from towers.ops._tensorflow import tf
+
+
+def replicate(
+    fn: Callable[[Any], Any],
+    shards: Sequence[Any],
+    devices: Sequence[str],
+    *,
+    variable_strategy: VariableStrategy | None = None,
+) -> list[Any]:
+    """Calls `fn(shard)` once per tower, each on its own device, and returns the results.
+
+    Tower i is built under `tf.device(devices[i])`, `tf.name_scope(f"tower_{i}")`, a
+    `TowerContext` (see `current_tower()`) and the variable strategy's scope, with `shards[i]`
+    as the argument. Tower 0 is built first and creates the variables; the others reuse them.
+
+    Args:
+      fn: The tower function, called with one shard.
+      shards: One input per tower, e.g. from `ops.split_batch`.
+      devices: One device per tower, e.g. from `towers.list_devices()`.
+      variable_strategy: A `towers.VariableStrategy` (`ParameterServer`, `Replicated`...);
+        default a `ParameterServer` on the CPU.
+
+    Returns:
+      The K results of `fn`, in tower order.
+
+    Raises:
+      ValueError: if `shards` and `devices` differ in length or are empty, a device does not
+        exist, or a tower after the first creates a variable.
+      TypeError: if `fn` is not callable or `variable_strategy` is not a strategy.
+      RuntimeError: if called inside a tower.
+
+    Example:
+      >>> shards = ops.split_batch(batch, len(devices))
+      >>> losses = towers.replicate(model_loss, shards, devices)
+    """
+    if not callable(fn):
+        raise TypeError(f"`fn` must be callable; got {fn!r}.")
+    shards, devices = list(shards), [canonical_device(d) for d in devices]
+    if not devices or len(shards) != len(devices):
+        raise ValueError(
+            f"`shards` and `devices` must be non-empty and of the same length (one shard per "
+            f"tower); got {len(shards)} shards and {len(devices)} devices."
+        )
+    if current_tower() is not None:
+        raise RuntimeError("towers.replicate was called inside a tower; towers do not nest.")
+    _check_devices_exist(devices)
+    strategy = resolve_strategy(None, variable_strategy)
+    results = []
+    for i, (shard, device) in enumerate(zip(shards, devices)):
+        with tf.device(device), tf.name_scope(f"tower_{i}") as scope:
+            with TowerContext(i, device, len(devices), scope) as tower:
+                with strategy.scope(tower):
+                    results.append(fn(shard))
+    return results
+
+
+@tf.autograph.experimental.do_not_convert
+def resolve_strategy(model: Any, variable_strategy: VariableStrategy | None) -> VariableStrategy:
+    """The strategy for `model`: the model itself if it is one, else the given or the default.
+
+    Args:
+      model: The variables to train; a strategy holding its own copies (`Replicated`) is its
+        own strategy. None when only the strategy matters.
+      variable_strategy: The strategy asked for, or None.
+
+    Returns:
+      A `VariableStrategy`; a new `ParameterServer` on the CPU by default.
+
+    Raises:
+      TypeError: if `variable_strategy` is not a strategy.
+      ValueError: if `model` is a strategy and another one is asked for.
+    """
+    if variable_strategy is not None and not isinstance(variable_strategy, VariableStrategy):
+        raise TypeError(
+            "`variable_strategy` must be a towers.VariableStrategy such as "
+            f"towers.ParameterServer(); got {type(variable_strategy).__name__}."
+        )
+    if isinstance(model, VariableStrategy):
+        if variable_strategy is not None and variable_strategy is not model:
+            raise ValueError(
+                f"The model is a {type(model).__name__}, its own variable strategy; do not also "
+                f"pass variable_strategy={type(variable_strategy).__name__}(...)."
+            )
+        return model
+    return variable_strategy if variable_strategy is not None else ParameterServer()
+
+
+@tf.autograph.experimental.do_not_convert
+def _check_devices_exist(devices: list[str]) -> None:
+    """Checks local devices against `tf.config`, where TF2 code takes them from.
+
+    A v1 Session takes its devices from its own config instead, so graphs built outside
+    functions are not checked here; the session reports a missing device when it runs.
+    """
+    if not tf.compat.v1.executing_eagerly_outside_functions():
+        return
+    existing = {canonical_device(d) for d in tf.config.list_logical_devices()}
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(device)
+        local = spec.replace(job=None, replica=None, task=None).to_string()
+        if spec.job in (None, "localhost") and local not in existing:
+            raise ValueError(
+                f"Device {device!r} in `devices` does not exist; this process has "
+                f"{sorted(existing)}. Use towers.list_devices(), or towers.simulate_devices "
+                "to make more logical devices."
+            )

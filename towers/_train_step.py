@@ -1,0 +1,215 @@
+"""A whole data-parallel training step, as a thin composition of the library's stages."""
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towers import ops
+from towers._optimizer import Optimizer
+from towers._replicated import Replicated
+from towers._tower_builder import replicate, resolve_strategy
+from towers._tower_context import current_tower
+from towers._variable_strategy import ReducedGradients, VariableStrategy
+from towers.ops._device_scope import device_scope
+from towers.ops._tensorflow import tf
+
+Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
+GradientHook = Callable[[list, list], Sequence]
+
+
+def tower_gradients(
+    loss_fn: Callable[[Any], Any],
+    variables: Variables,
+    shard: Any,
+    *,
+    variable_strategy: VariableStrategy | None = None,
+) -> tuple[tf.Tensor, Any, list]:
+    """Runs `loss_fn` on one shard and returns its loss, outputs and gradients.
+
+    Args:
+      loss_fn: Called with the shard; returns the mean loss over the shard (a scalar), or a
+        pair `(loss, outputs)`.
+      variables: The variables to differentiate, a `tf.Module` whose trainable variables
+        are read after `loss_fn` ran (so a model may create them on its first call), or a
+        strategy holding its own copies (`Replicated`: the current tower's copy).
+      shard: This tower's inputs.
+      variable_strategy: The strategy that says which variables this tower reads; default
+        as in `train_step`.
+
+    Returns:
+      `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
+      with the tower's variables.
+
+    Raises:
+      ValueError: if the loss is not a floating scalar, or there are no variables.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    with tf.GradientTape() as tape:
+        result = loss_fn(shard)
+    loss, outputs = result if isinstance(result, (tuple, list)) else (result, None)
+    loss = tf.convert_to_tensor(loss)
+    if loss.shape.rank != 0 or not loss.dtype.is_floating:
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard as a floating scalar (or a "
+            f"pair (loss, outputs)); got {loss.dtype.name} of shape {loss.shape}. Reduce it "
+            "with tf.reduce_mean."
+        )
+    return loss, outputs, tape.gradient(loss, strategy.tower_variables(variables, current_tower()))
+
+
+@tf.autograph.experimental.do_not_convert
+def variable_list(
+    variables: Variables, *, variable_strategy: VariableStrategy | None = None
+) -> list[tf.Variable]:
+    """The variables the current tower trains (the first copy's outside towers).
+
+    Args:
+      variables: A sequence of `tf.Variable`, a `tf.Module` (its trainable variables), or a
+        strategy holding its own copies such as `Replicated` (the current tower's copy).
+      variable_strategy: As in `train_step`.
+
+    Returns:
+      The variables, as a list.
+
+    Raises:
+      ValueError: if there are none, or something else than a variable is among them.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    return strategy.tower_variables(variables, current_tower())
+
+
+def train_step(
+    loss_fn: Callable[[Any], Any],
+    variables: Variables,
+    optimizer: Optimizer,
+    inputs: Any,
+    devices: Sequence[str],
+    *,
+    gradient_hook: GradientHook | None = None,
+    merge: str | Any = "concat",
+    variable_strategy: VariableStrategy | None = None,
+    split_device: str | None = "/cpu:0",
+    merge_device: str | None = "/cpu:0",
+) -> tuple[tf.Tensor, Any]:
+    """Splits `inputs`, builds one tower per device, reduces the gradients and applies them.
+
+    The result equals one device's step on the whole batch: tower gradients are weighted by
+    shard size, so uneven batches are exact. The body is a few public calls; copy them into
+    your loop to change any stage.
+
+    Args:
+      loss_fn: Called once per tower with its shard; returns the mean loss over the shard, or
+        `(loss, outputs)`.
+      variables: The variables to train: a `tf.Module` whose trainable variables are used,
+        a list of variables, or a strategy holding its own copies of the model
+        (`towers.Replicated`: one copy per device, gradients all-reduced).
+      optimizer: Anything with `apply_gradients`, e.g. `towers.SGD(0.1)`.
+      inputs: The whole batch, a nested structure of tensors.
+      devices: One device per tower.
+      gradient_hook: Called as `hook(grads, variables)` with the reduced gradients of each
+        copy of the variables (once with a parameter server, once per replica with
+        `Replicated`); returns the gradients to apply (clip, mask, log). None gradients may
+        stay None. It must treat every copy alike to keep replicas identical.
+      merge: How to merge the outputs, as `ops.merge_outputs`'s `mode`.
+      variable_strategy: A `towers.VariableStrategy` for a model that does not hold its own
+        copies; default `towers.ParameterServer()` (variables on the CPU).
+      split_device: Where the batch is split.
+      merge_device: Where the losses and outputs are merged.
+
+    Returns:
+      `(loss, outputs)`: the mean loss over the whole batch (evaluating it in a v1 Session
+      runs the update too) and the merged outputs (None if `loss_fn` returns only a loss).
+
+    Raises:
+      ValueError: for bad inputs (see `ops.split_batch`, `towers.replicate`), a loss that is
+        not a scalar, or a hook returning the wrong number of gradients.
+      TypeError: if `variable_strategy` is not a strategy.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    shards = ops.split_batch(inputs, len(devices), device=split_device)
+    sizes = ops.shard_sizes(inputs, len(devices))
+    tower_fn = functools.partial(tower_gradients, loss_fn, variables, variable_strategy=strategy)
+    per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
+    losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
+    reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
+    updates = apply_reduced(reduced, optimizer, gradient_hook)
+    loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
+    if outputs[0] is not None:
+        outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
+    else:
+        outputs = None
+    with tf.control_dependencies(_ops_of(updates)):
+        loss = tf.identity(loss)
+    return loss, outputs
+
+
+def apply_reduced(
+    reduced: Sequence[ReducedGradients],
+    optimizer: Optimizer,
+    gradient_hook: GradientHook | None = None,
+) -> list:
+    """Applies each copy's reduced gradients: the hook (if any), then the optimizer.
+
+    Args:
+      reduced: From a strategy's `reduce_gradients`.
+      optimizer: Anything with `apply_gradients`; each update is built on the copy's device.
+      gradient_hook: As in `train_step`, called once per entry of `reduced`.
+
+    Returns:
+      The optimizer's updates, one per entry.
+
+    Raises:
+      ValueError: if the hook returns the wrong number of gradients.
+    """
+    updates = []
+    for copy in reduced:
+        grads = copy.grads
+        with device_scope(copy.device):
+            if gradient_hook is not None:
+                grads = _checked(gradient_hook(grads, copy.variables), len(copy.variables))
+            pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
+            updates.append(optimizer.apply_gradients(pairs))
+    return updates
+
+
+def apply_replicated(
+    replicas: Replicated,
+    tower_grads: list,
+    sizes: list,
+    optimizer: Optimizer,
+    gradient_hook: GradientHook | None = None,
+) -> list:
+    """All-reduces tower gradients and applies the same update to every replica.
+
+    The same as `apply_reduced(replicas.reduce_gradients(replicas, tower_grads, sizes), ...)`.
+
+    Args:
+      replicas: The `Replicated` model.
+      tower_grads: `K x N` gradients, tower i's for replica i's variables.
+      sizes: The shard sizes (weights of the mean).
+      optimizer: Applies each replica's update on its device; state per copy.
+      gradient_hook: As in `train_step`, called once per replica with its (identical)
+        reduced gradients; it must treat them alike to keep the replicas identical.
+
+    Returns:
+      The K optimizer updates.
+    """
+    return apply_reduced(
+        replicas.reduce_gradients(replicas, tower_grads, sizes), optimizer, gradient_hook
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def _checked(grads: Sequence, num_vars: int) -> list:
+    if not isinstance(grads, (list, tuple)) or len(grads) != num_vars:
+        raise ValueError(
+            f"`gradient_hook` must return a list of {num_vars} gradients, one per variable; "
+            f"got {grads!r}."
+        )
+    return list(grads)
+
+
+@tf.autograph.experimental.do_not_convert
+def _ops_of(update: Any) -> list:
+    """The ops and tensors in an optimizer's return value, for a control dependency."""
+    return [u for u in tf.nest.flatten(update) if isinstance(u, (tf.Operation, tf.Tensor))]

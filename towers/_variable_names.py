@@ -1,0 +1,142 @@
+"""Canonical, tower-free names for variables, and the copies a name stands for.
+
+A 4-tower program and a single-device program that build the same model agree on these names;
+weight files and checkpoints use them.
+"""
+
+import contextlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from towers._tower_context import TowerContext
+from towers.ops._tensorflow import tf
+
+Copies = dict[str, tuple[tf.Variable, ...]]
+
+# A tower or replica name-scope component, e.g. "tower_3/" or "tower_0_1/" or "replica_2/".
+_TOWER_COMPONENT = re.compile(r"(^|/)(tower|replica)_\d+(_\d+)?/")
+
+
+@runtime_checkable
+class HasVariableCopies(Protocol):
+    """Anything that keeps several copies of its variables: a replicated model, its optimizer.
+
+    Weight files save the first copy of each variable under its name and restore into all.
+    `towers.Replicated` and `towers.SGD` implement it.
+    """
+
+    def variable_copies(self) -> Copies:
+        """Every variable by canonical name, with all its copies, the first first."""
+
+
+Target = tf.Module | Sequence[tf.Variable] | Mapping[str, tf.Variable] | HasVariableCopies
+
+
+def named_variables(target: Target) -> dict[str, tf.Variable]:
+    """The variables of `target` under names that any program building it agrees on.
+
+    * A `tf.Module`: attribute paths, e.g. "encoder/layers/0/w", the same in a K-tower and a
+      single-device program that build the same module (name scopes play no part).
+    * A list of variables: their names without ":0" and without tower or replica scopes.
+    * A dict of name to variable: the names as given.
+    * Anything with several copies of its variables (`towers.Replicated`, `towers.SGD`'s
+      state): one name per variable, the first copy.
+
+    Args:
+      target: A `tf.Module`, a list of `tf.Variable`s, a dict of name to variable, or an
+        object with `variable_copies()`.
+
+    Returns:
+      An ordered dict of name to variable.
+
+    Raises:
+      TypeError: if `target` or an entry is of another type.
+      ValueError: if two variables of a list share a name.
+    """
+    if isinstance(target, HasVariableCopies):
+        return {name: copies[0] for name, copies in target.variable_copies().items()}
+    if isinstance(target, tf.Module):
+        found: dict[str, tf.Variable] = {}
+        _walk(target, (), found, set())
+        return found
+    if isinstance(target, Mapping):
+        for name, var in target.items():
+            if not isinstance(name, str) or not isinstance(var, tf.Variable):
+                raise TypeError(
+                    f"A dict target maps str names to tf.Variable; got {name!r}: {var!r}."
+                )
+        return dict(target)
+    if isinstance(target, (str, bytes)) or not isinstance(target, Sequence):
+        raise TypeError(
+            "`target` must be a tf.Module, a list of tf.Variable or a dict of name to variable; "
+            f"got {type(target).__name__}."
+        )
+    found = {}
+    for var in target:
+        if not isinstance(var, tf.Variable):
+            raise TypeError(f"`target` must hold only tf.Variable; got {var!r}.")
+        name = canonical_name(var.name)
+        if name in found:
+            raise ValueError(
+                f"Two variables in `target` are both named {name!r}. Pass a dict of name to "
+                "variable, or the tf.Module that holds them (named by attribute path)."
+            )
+        found[name] = var
+    return found
+
+
+def variable_copies(target: Target) -> Copies:
+    """Like `named_variables`, with every copy of each variable, the first first."""
+    if isinstance(target, HasVariableCopies):
+        return target.variable_copies()
+    return {name: (var,) for name, var in named_variables(target).items()}
+
+
+def canonical_name(name: str) -> str:
+    """A variable name without its ":0" suffix and without tower or replica scopes."""
+    name = name.rsplit(":", 1)[0] if re.search(r":\d+$", name) else name
+    return _TOWER_COMPONENT.sub(r"\1", name)
+
+
+def without_tower_scope(tower: TowerContext) -> contextlib.AbstractContextManager:
+    """A name scope equal to the current one with the tower's own component removed.
+
+    Inside "train/tower_0/dense" it enters "train/dense/", so a variable created there is
+    named "train/dense/w" in every program, whatever its number of towers.
+
+    Args:
+      tower: The tower being built; its `name_scope` is the scope `replicate` entered.
+
+    Returns:
+      The scope to create variables in; no change when the current scope is not the tower's.
+    """
+    current = tf.get_current_name_scope() + "/"
+    if not tower.name_scope or not current.startswith(tower.name_scope):
+        return contextlib.nullcontext()
+    outer = tower.name_scope.rstrip("/").rpartition("/")[0]
+    scope = (outer + "/" if outer else "") + current[len(tower.name_scope) :]
+    # A trailing "/" makes a name scope absolute; "" is the root scope.
+    return tf.name_scope(scope)
+
+
+def _walk(node, path: tuple, found: dict, seen: set) -> None:
+    """Depth-first over modules, dicts and sequences, attributes in sorted order."""
+    if isinstance(node, tf.Variable):
+        if not any(v is node for v in found.values()):
+            found["/".join(path)] = node
+    elif isinstance(node, tf.Module):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        # Like tf.Module.variables: skip what the module says to, trackable bookkeeping included.
+        ignored = node._TF_MODULE_IGNORED_PROPERTIES | tf.Module._TF_MODULE_IGNORED_PROPERTIES
+        for key in sorted(vars(node)):
+            if key not in ignored:
+                _walk(vars(node)[key], (*path, key), found, seen)
+    elif isinstance(node, Mapping):
+        for key in sorted(node, key=str):
+            _walk(node[key], (*path, str(key)), found, seen)
+    elif isinstance(node, (list, tuple)):
+        for i, child in enumerate(node):
+            _walk(child, (*path, str(i)), found, seen)

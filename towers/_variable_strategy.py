@@ -1,0 +1,116 @@
+"""The variable-strategy protocol: where a model's variables live and how they are updated.
+
+`replicate`, `train_step`, the weight functions and `CheckpointManager` use a strategy through
+this protocol and nothing else, so `ParameterServer`, `Replicated` and a strategy of your own
+are interchangeable.
+"""
+
+import abc
+import contextlib
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from towers._tower_context import TowerContext
+from towers.ops._tensorflow import tf
+from towers.ops._tower_grads import Gradient
+from towers.ops._weighted_mean import Weight
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducedGradients:
+    """The reduced gradients of one copy of the variables, ready for the optimizer.
+
+    Attributes:
+      grads: One gradient per variable (None: no update for it).
+      variables: The variables they update, aligned with `grads`.
+      device: Where to build the update; None leaves each update on its variable's device.
+    """
+
+    grads: list[Gradient]
+    variables: list[tf.Variable]
+    device: str | None = None
+
+
+class VariableStrategy(abc.ABC):
+    """Where the variables of towers live, and how tower gradients become updates.
+
+    The protocol, four methods:
+
+    1. `scope(tower)`: the context each tower is built in; it places the variables tower code
+       creates (or refuses them), and may check the tower against the strategy's devices.
+    2. `tower_variables(model, tower)`: the trainable variables tower `tower` reads and
+       differentiates: one shared list, or the tower's own copy.
+    3. `reduce_gradients(model, tower_grads, weights)`: the `K x N` tower gradients become a
+       list of `ReducedGradients`, one per copy to update; the gradient hook and the
+       optimizer are applied once to each.
+    4. Weight files: a strategy that keeps one copy leaves the model's variables as they are;
+       one that keeps several copies also implements `variable_copies()` and is passed as the
+       model itself (to `train_step`, `save_weights`, `CheckpointManager`), so that files see
+       the first copy under tower-free names and restores reach every copy.
+
+    `model` is what the user passed as the variables to train: a `tf.Module`, a list of
+    variables, or the strategy itself when it holds its own copies (`towers.Replicated`).
+    """
+
+    @abc.abstractmethod
+    def scope(self, tower: TowerContext) -> contextlib.AbstractContextManager:
+        """The scope `towers.replicate` builds `tower` in.
+
+        Args:
+          tower: The tower being built.
+
+        Returns:
+          A context manager, usually a `tf.variable_creator_scope`.
+        """
+
+    @abc.abstractmethod
+    def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
+        """The trainable variables `tower` reads and differentiates.
+
+        Args:
+          model: The variables to train (see the class docstring).
+          tower: The tower, or None outside towers (the first copy).
+
+        Returns:
+          A non-empty list of variables, aligned across towers.
+        """
+
+    @abc.abstractmethod
+    def reduce_gradients(
+        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+    ) -> list[ReducedGradients]:
+        """Reduces `K x N` tower gradients to the updates of each copy.
+
+        Args:
+          model: The variables to train.
+          tower_grads: K lists of N gradients, tower i's aligned with
+            `tower_variables(model, tower i)`.
+          weights: K weights of the mean (the shard sizes).
+
+        Returns:
+          One `ReducedGradients` per copy of the variables.
+        """
+
+
+@tf.autograph.experimental.do_not_convert
+def trainable_list(model: Any) -> list[tf.Variable]:
+    """The trainable variables of a `tf.Module`, or a sequence of variables as a list.
+
+    Raises:
+      ValueError: if there are none, or something else than a variable is among them.
+    """
+    if isinstance(model, tf.Module):
+        found = list(model.trainable_variables)
+    elif isinstance(model, Sequence) and not isinstance(model, (str, bytes)):
+        found = list(model)
+    elif isinstance(model, Mapping):
+        found = list(model.values())
+    else:
+        found = [model]
+    if not found or not all(isinstance(v, tf.Variable) for v in found):
+        raise ValueError(
+            f"`variables` must be a non-empty list of tf.Variable or a tf.Module with trainable "
+            f"variables; got {found!r}."
+        )
+    return found

@@ -1,0 +1,73 @@
+"""`python -m towers.bench`: the flags, and one worker process per device count."""
+
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from towers.bench import _tables, _worker  # noqa: E402
+
+_SUITE = flags.DEFINE_enum("suite", "step", ["step", "weights"], "What to measure.")
+_MODELS = flags.DEFINE_list("models", ["mlp", "cnn", "many_small"], "Models (step suite).")
+_TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
+_BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
+_STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the median is shown.")
+_WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed steps after the first call.")
+_ALGORITHMS = flags.DEFINE_list(
+    "algorithms", ["reduce_broadcast", "ring", "collective"], "Replicated all-reduces."
+)
+_BUCKET = flags.DEFINE_integer("bucket_bytes", 4 * 2**20, "Packing bucket; 0 for no packing.")
+_WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
+_WEIGHTS_MB = flags.DEFINE_integer("weights_mb", 100, "Size of the weights (weights suite).")
+_NUM_VARIABLES = flags.DEFINE_integer("num_variables", 20, "Variables the weights are split in.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per weights measurement; the median.")
+
+
+def step_suite_rows(models: list[str], device_counts: list[int], argv_flags: list[str]) -> list:
+    """Runs one worker process per device count and collects their rows."""
+    rows = []
+    for count in device_counts:
+        command = [sys.executable, "-m", "towers.bench", f"--worker_devices={count}", *argv_flags]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench worker for {count} devices failed:\n{done.stderr[-3000:]}")
+        rows += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    """Runs the chosen suite and prints its table."""
+    del argv
+    if _SUITE.value == "weights":
+        print(_tables.weights_report(_WEIGHTS_MB.value, _NUM_VARIABLES.value, _REPEATS.value))
+        return
+    settings = dict(
+        models=_MODELS.value,
+        batch_size=_BATCH.value,
+        steps=_STEPS.value,
+        warmup=_WARMUP.value,
+        algorithms=_ALGORITHMS.value,
+        bucket_bytes=_BUCKET.value or None,
+    )
+    if _WORKER.value:
+        for row in _worker.run_worker(_WORKER.value, **settings):
+            print(json.dumps(row), flush=True)
+        return
+    passed = [
+        f"--models={','.join(_MODELS.value)}",
+        f"--batch_size={_BATCH.value}",
+        f"--steps={_STEPS.value}",
+        f"--warmup={_WARMUP.value}",
+        f"--algorithms={','.join(_ALGORITHMS.value)}",
+        f"--bucket_bytes={_BUCKET.value}",
+    ]
+    rows = step_suite_rows(_MODELS.value, [int(t) for t in _TOWERS.value], passed)
+    print(_tables.step_table(rows))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,107 @@
+"""The benchmark's tables."""
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import towers
+
+WEIGHT_FORMATS = {"npz": "weights.npz", "h5": "weights.h5", "checkpoint": "weights_ckpt"}
+
+
+def step_table(rows: list[dict]) -> str:
+    """Step times with ratios to one device and to MirroredStrategy of the same model and K."""
+    base = {(r["model"], r["towers"], r["config"]): r["step_ms"] for r in rows}
+    header = [
+        "model",
+        "K",
+        "configuration",
+        "step ms",
+        "examples/s",
+        "trace s",
+        "x one device",
+        "x mirrored",
+        "all-reduces",
+        "loss",
+    ]
+    lines = []
+    for r in rows:
+        one = base.get((r["model"], r["towers"], "one device"))
+        mirrored = base.get((r["model"], r["towers"], "mirrored strategy"))
+        lines.append(
+            (
+                r["model"],
+                r["towers"],
+                r["config"],
+                r["step_ms"],
+                r["batch"] / r["step_ms"] * 1e3,
+                r["trace_s"],
+                one / r["step_ms"] if one else "-",
+                mirrored / r["step_ms"] if mirrored else "-",
+                r["all_reduces"] if r["all_reduces"] is not None else "-",
+                f"{r['loss']:.7g}",
+            )
+        )
+    note = (
+        "x one device, x mirrored: that time divided by this row's (above 1: this row is "
+        "faster). all-reduces: per device and step. loss: the last step's, the same for "
+        "every configuration (same weights, data and steps)."
+    )
+    return format_table(header, lines) + "\n" + note
+
+
+def weights_table(megabytes: int, num_variables: int, repeats: int, directory: str) -> list:
+    """Rows of (format, MB on disk, median save s, median restore s, MB/s save, MB/s restore)."""
+    per_variable = megabytes * 2**20 // 4 // num_variables
+    rng = np.random.default_rng(0)
+    variables = {
+        f"layer_{i}/w": tf.Variable(rng.standard_normal(per_variable, np.float32))
+        for i in range(num_variables)
+    }
+    total_mb = sum(v.shape.num_elements() * 4 for v in variables.values()) / 2**20
+    rows = []
+    for name, file_name in WEIGHT_FORMATS.items():
+        path = os.path.join(directory, file_name)
+        save = _median_seconds(lambda p=path: towers.save_weights(variables, p), repeats)
+        restore = _median_seconds(lambda p=path: towers.restore_weights(variables, p), repeats)
+        rows.append((name, _size_mb(path), save, restore, total_mb / save, total_mb / restore))
+    return rows
+
+
+def weights_report(megabytes: int, num_variables: int, repeats: int) -> str:
+    """The weights table, measured in a temporary directory."""
+    directory = tempfile.mkdtemp(prefix="towers-bench-")
+    try:
+        rows = weights_table(megabytes, num_variables, repeats, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    title = f"weights: {megabytes} MB float32 in {num_variables} variables, median of {repeats}"
+    header = ["format", "disk MB", "save s", "restore s", "save MB/s", "restore MB/s"]
+    return title + "\n" + format_table(header, rows)
+
+
+def format_table(header: list[str], rows: list[tuple]) -> str:
+    """A plain-text table, floats with two decimals, columns at least two spaces apart."""
+    cells = [header] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def _size_mb(path: str) -> float:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)) / 2**20
+    return os.path.getsize(path) / 2**20

@@ -1,0 +1,80 @@
+"""A benchmark worker: times every configuration on K devices in this process."""
+
+import statistics
+import time
+
+import tensorflow as tf
+
+import towers
+from towers import ops
+from towers.bench._models import MODELS, batch
+from towers.bench._steps import configurations
+
+DEFAULT_BATCH = {"mlp": 1024, "cnn": 256, "many_small": 1024}
+
+
+def run_worker(
+    num_devices: int,
+    *,
+    models: list[str],
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    algorithms: list[str],
+    bucket_bytes: int | None,
+) -> list[dict]:
+    """One row per (model, configuration) on `num_devices` devices.
+
+    Simulates the devices on the CPU when there is no GPU; must run in a fresh process.
+    Every configuration starts from the same weights and trains on the same batch for the
+    same number of steps, so their last losses agree (the row's "loss").
+    """
+    if not tf.config.list_physical_devices("GPU"):
+        towers.simulate_devices(num_devices)
+    devices = towers.list_devices(num=num_devices)
+    strategy = tf.distribute.MirroredStrategy(devices)
+    rows = []
+    for model in models:
+        size = batch_size or DEFAULT_BATCH[model]
+        data = batch(MODELS[model], size)
+        for label, build in configurations(algorithms, bucket_bytes, strategy).items():
+            step = build(model, devices)
+            trace, seconds, loss = _time(step, data, steps, warmup)
+            rows.append(
+                {
+                    "model": model,
+                    "towers": num_devices,
+                    "config": label,
+                    "batch": size,
+                    "trace_s": trace,
+                    "step_ms": seconds * 1e3,
+                    "loss": loss,
+                    "all_reduces": _all_reduces(label, model, bucket_bytes),
+                }
+            )
+    return rows
+
+
+def _time(step, data, steps: int, warmup: int) -> tuple[float, float, float]:
+    """(first-call seconds, median step seconds, the last step's loss)."""
+    began = time.perf_counter()
+    loss = float(step(data))
+    trace = time.perf_counter() - began
+    for _ in range(warmup):
+        loss = float(step(data))
+    times = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        loss = float(step(data))
+        times.append(time.perf_counter() - began)
+    return trace, statistics.median(times), loss
+
+
+def _all_reduces(label: str, model: str, bucket_bytes: int | None) -> int | None:
+    """All-reduces per device and step of a replicated configuration (its buckets)."""
+    if "replicated" not in label:
+        return None
+    variables = MODELS[model]().trainable_variables
+    if bucket_bytes is None:
+        return len(variables)
+    return len(ops.pack_spec([tf.convert_to_tensor(v) for v in variables], bucket_bytes).buckets)
