@@ -77,20 +77,22 @@ def documentation_problems(name: str, obj) -> list[str]:
     """What a public function or class lacks: docstrings, Google sections, annotations.
 
     A class is checked with every method, property and `__call__`/`__init__` it defines itself
-    (inherited ones are checked where they are defined).
+    (inherited ones are checked where they are defined). A method that overrides one of a
+    base class may leave its Args and Returns to the base's docstring.
     """
     if isinstance(obj, type):
         problems = _class_problems(name, obj)
         for attr, member in vars(obj).items():
             if attr.startswith("_") and attr not in ("__call__", "__init__"):
                 continue
+            overrides = any(attr in vars(base) for base in obj.__mro__[1:] if base is not object)
             if isinstance(member, property):
                 problems += _docstring_problems(f"{name}.{attr}", member.fget, sections=False)
                 problems += _annotation_problems(f"{name}.{attr}", member.fget)
             elif isinstance(member, (staticmethod, classmethod)):
-                problems += _function_problems(f"{name}.{attr}", member.__func__)
-            elif inspect.isfunction(member):
-                problems += _function_problems(f"{name}.{attr}", member)
+                problems += _function_problems(f"{name}.{attr}", member.__func__, overrides)
+            elif inspect.isfunction(member) or hasattr(member, "__wrapped__"):
+                problems += _function_problems(f"{name}.{attr}", member, overrides)
         return problems
     if callable(obj):
         return _function_problems(name, obj)
@@ -102,36 +104,50 @@ def _class_problems(name: str, cls: type) -> list[str]:
     if not doc or doc.startswith(f"{cls.__name__}("):  # dataclass's generated signature
         return [f"{name} lacks a docstring"]
     init = vars(cls).get("__init__")
-    takes_args = init is not None and len(inspect.signature(init).parameters) > 1
-    section = "Attributes:" if dataclasses.is_dataclass(cls) else "Args:"
-    if takes_args and section not in doc:
-        return [f"{name}'s docstring lacks {section}"]
-    return []
+    if dataclasses.is_dataclass(cls):
+        fields = [f.name for f in dataclasses.fields(cls)]
+        return _undescribed(name, doc, "Attributes:", fields)
+    if init is None:
+        return []
+    params = [p for p in inspect.signature(init).parameters if p != "self"]
+    return _undescribed(name, doc, "Args:", params)
 
 
-def _function_problems(name: str, fn) -> list[str]:
+def _function_problems(name: str, fn, overrides: bool = False) -> list[str]:
     if name.endswith(".__init__"):  # documented in the class docstring
         return _annotation_problems(name, fn, returns=False)
-    return _docstring_problems(name, fn) + _annotation_problems(name, fn)
+    return _docstring_problems(name, fn, sections=not overrides) + _annotation_problems(name, fn)
 
 
 def _docstring_problems(name: str, fn, sections: bool = True) -> list[str]:
-    doc = fn.__doc__
-    if not doc or not doc.strip() or not doc.strip().splitlines()[0].strip():
+    doc = inspect.cleandoc(fn.__doc__ or "")
+    if not doc or not doc.splitlines()[0].strip():
         return [f"{name} lacks a docstring"]
     if not sections:
         return []
     signature = inspect.signature(fn)
     params = [p for p in signature.parameters if p not in ("self", "cls")]
-    problems = []
-    if params and "Args:" not in doc and "see `" not in doc.lower():
-        problems.append(f"{name}'s docstring lacks Args:")
+    problems = _undescribed(name, doc, "Args:", params)
     returns = signature.return_annotation
     if returns not in (None, "None", inspect.Signature.empty) and not (
-        "Returns:" in doc or "Yields:" in doc or "see `" in doc.lower()
+        "Returns:" in doc or "Yields:" in doc
     ):
         problems.append(f"{name}'s docstring lacks Returns:")
     return problems
+
+
+def _undescribed(name: str, doc: str, section: str, params: list[str]) -> list[str]:
+    """Problems if `params` are not each described in the docstring's `section`."""
+    if not params:
+        return []
+    if section not in doc:
+        return [f"{name}'s docstring lacks {section}"]
+    body = re.split(r"\n\S[^\n]*:\n", doc.split(section, 1)[1] + "\n", maxsplit=1)[0]
+    return [
+        f"{name}'s {section} does not describe `{p}`"
+        for p in params
+        if not re.search(rf"(?m)^\s+\**{re.escape(p)}( \(.*\))?:", body)
+    ]
 
 
 def _annotation_problems(name: str, fn, returns: bool = True) -> list[str]:
@@ -238,6 +254,17 @@ class PublicSurfaceTest(tf.test.TestCase):
         def bare(x: int):
             return x
 
+        def half_described(x: int, y: int) -> int:
+            """Adds, see `bare`.
+
+            Args:
+              x: A number.
+
+            Returns:
+              The sum.
+            """
+            return x + y
+
         self.assertEqual(documentation_problems("U", Undocumented), ["U lacks a docstring"])
         self.assertEqual(
             documentation_problems("D", Documented),
@@ -253,6 +280,9 @@ class PublicSurfaceTest(tf.test.TestCase):
         self.assertEqual(
             documentation_problems("bare", bare),
             ["bare lacks a docstring", "bare lacks a return annotation"],
+        )
+        self.assertEqual(
+            documentation_problems("half", half_described), ["half's Args: does not describe `y`"]
         )
 
 

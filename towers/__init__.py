@@ -18,7 +18,8 @@ from towers import ops  # first: gives the one clear message when TensorFlow is 
 from towers._checkpoint_manager import CheckpointManager
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
 from towers._parameter_server import ParameterServer
-from towers._replicated import Replicated, check_replicas_identical
+from towers._replica_checks import check_replicas_identical
+from towers._replicated import Replicated
 from towers._sgd import SGD
 from towers._tower_builder import replicate
 from towers._tower_context import TowerContext, current_tower
@@ -29,8 +30,8 @@ from towers._train_step import (
     train_step,
     variable_list,
 )
-from towers._variable_names import named_variables
 from towers._variable_strategy import ReducedGradients, VariableStrategy
+from towers._weight_targets import named_variables
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
 
 __all__ = [

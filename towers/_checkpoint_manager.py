@@ -11,8 +11,8 @@ import numpy as np
 from towers import _weight_formats
 from towers._atomic_files import atomic_write_text
 from towers._checkpoint_files import INDEX, checkpoint_file, managed_files
-from towers._optimizer import BuildsState
-from towers._variable_names import Target, named_variables, variable_copies
+from towers._optimizer import StatefulOptimizer
+from towers._weight_targets import Target, named_variables, variable_copies
 from towers._weights_io import restore_arrays, restore_weights, save_weights
 
 _STEP = "__step__"
@@ -169,7 +169,7 @@ class CheckpointManager:
 
     def _build_optimizer(self) -> None:
         """Creates all of the optimizer's lazy state, so saved and restored state agree."""
-        if isinstance(self.optimizer, BuildsState):
+        if isinstance(self.optimizer, StatefulOptimizer):
             copies = variable_copies(self.model).values()
             self.optimizer.build([var for group in copies for var in group])
 

@@ -1,15 +1,17 @@
-"""What `train_step` and `CheckpointManager` need of an optimizer, as declared protocols.
+"""What `train_step` and `CheckpointManager` need of an optimizer.
 
-* `Optimizer`: `apply_gradients(grads_and_vars)`; the only requirement of `train_step`.
-* `BuildsState`: `build(variables)` creates all its state up front, so that a checkpoint saved
-  before a variable got its first gradient still holds every slot (`towers.SGD` does).
-* Its state is saved like a weights target: an object with `variable_copies()` (one entry
-  per variable, with a copy per replica, as `towers.SGD` gives), else a `tf.Module`'s
-  variables by attribute path.
+* `Optimizer`: anything with `apply_gradients(grads_and_vars)`; all `train_step` needs.
+* `StatefulOptimizer`: the base of `towers` optimizers, whose state `CheckpointManager` saves
+  and restores with any number of towers: `build(variables)` creates all state up front (so a
+  checkpoint written before a variable got its first gradient still holds its slots), and
+  `variable_copies()` names the state per variable, one entry for all replicas' copies.
+* Any other optimizer that is a `tf.Module` has its variables saved by attribute path.
 """
 
-from typing import Any, Protocol, runtime_checkable
+import abc
+from typing import Any, Protocol
 
+from towers._variable_names import Copies
 from towers.ops._tensorflow import tf
 
 
@@ -20,9 +22,32 @@ class Optimizer(Protocol):
         """Applies one update per `(gradient, variable)` pair."""
 
 
-@runtime_checkable
-class BuildsState(Protocol):
-    """An optimizer that creates its state (slots) for given variables on request."""
+class StatefulOptimizer(abc.ABC):
+    """The contract of `towers` optimizers with state that checkpoints keep."""
 
+    @abc.abstractmethod
+    def apply_gradients(self, grads_and_vars: list) -> Any:
+        """Applies one update per `(gradient, variable)` pair; None gradients are skipped.
+
+        Args:
+          grads_and_vars: Pairs of gradient and variable.
+
+        Returns:
+          An op grouping the updates.
+        """
+
+    @abc.abstractmethod
     def build(self, variables: list[tf.Variable]) -> None:
-        """Creates the state of every variable in `variables` that lacks it."""
+        """Creates the state of every variable in `variables` that lacks it.
+
+        Args:
+          variables: Every copy of every variable this optimizer will update.
+        """
+
+    @abc.abstractmethod
+    def variable_copies(self) -> Copies:
+        """The state by name, with one entry per copy of its variable.
+
+        Returns:
+          Name -> the state variable of each copy, the first replica's first.
+        """

@@ -8,7 +8,7 @@ from typing import Any
 from towers import ops
 from towers._devices import canonical_device
 from towers._tower_context import TowerContext
-from towers._variable_names import without_tower_scope
+from towers._variable_names import Copies, names_of, without_tower_scope
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
@@ -108,6 +108,17 @@ class ParameterServer(VariableStrategy):
         variables = trainable_list(model)
         grads = ops.average_gradients(tower_grads, weights=weights, variables=variables)
         return [ReducedGradients(grads, variables)]
+
+    def variable_copies(self, model: Any) -> Copies:
+        """One copy of each variable: the model's own, under its canonical names.
+
+        Args:
+          model: A `tf.Module`, a list or a dict of variables.
+
+        Returns:
+          Canonical name -> (the variable,).
+        """
+        return {name: (var,) for name, var in names_of(model).items()}
 
     def _create(self, tower: TowerContext, next_creator, **kwargs) -> tf.Variable:
         if not tower.is_chief:

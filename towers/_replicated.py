@@ -4,12 +4,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from towers import ops
 from towers._devices import canonical_device
+from towers._replica_checks import check_new_replica, check_same_structure
 from towers._tower_context import TowerContext, current_tower
-from towers._variable_names import Copies, Target, named_variables, variable_copies
+from towers._variable_names import Copies, names_of
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
@@ -74,9 +73,9 @@ class Replicated(VariableStrategy):
             scope = tf.name_scope(f"replica_{i}") if i else contextlib.nullcontext()
             with tf.device(device), scope:
                 replica = build()
-            self._check_new(replica, i)
+            check_new_replica(replica, self.replicas)
             self.replicas.append(replica)
-        self._check_structure()
+        check_same_structure(self.replicas)
         self.broadcast()
 
     @tf.autograph.experimental.do_not_convert
@@ -104,14 +103,19 @@ class Replicated(VariableStrategy):
         return trainable_list(self.replicas[index])
 
     @tf.autograph.experimental.do_not_convert
-    def variable_copies(self) -> Copies:
+    def variable_copies(self, model: Any = None) -> Copies:
         """Every variable's copies, first replica first, under the first replica's names.
+
+        Args:
+          model: This `Replicated` (it is its own model), or None.
 
         Returns:
           Canonical name -> (replica 0's variable, replica 1's, ...).
         """
-        per_replica = [list(named_variables(r).values()) for r in self.replicas]
-        names = named_variables(self.replicas[0])
+        if model is not None:
+            self._check_model(model)
+        per_replica = [list(names_of(r).values()) for r in self.replicas]
+        names = names_of(self.replicas[0])
         return {name: tuple(v[j] for v in per_replica) for j, name in enumerate(names)}
 
     def broadcast(self) -> None:
@@ -230,53 +234,3 @@ class Replicated(VariableStrategy):
                 "towers.train_step(loss_fn, replicas, optimizer, batch, devices), not as "
                 f"variable_strategy= beside another model ({type(model).__name__})."
             )
-
-    def _check_new(self, replica: tf.Module, index: int) -> None:
-        """Refuses a replica that is, or shares variables with, an earlier one."""
-        mine = {v.ref() for v in named_variables(replica).values()}
-        for i, earlier in enumerate(self.replicas):
-            if earlier is replica or mine & {v.ref() for v in named_variables(earlier).values()}:
-                raise ValueError(
-                    f"`build` returned a model for replica {index} that is (or shares variables "
-                    f"with) the one of replica {i}. `build` must create a new model on every "
-                    "call, e.g. `lambda: Model()`, not `lambda: model`."
-                )
-
-    def _check_structure(self) -> None:
-        first = {n: (v.shape, v.dtype) for n, v in named_variables(self.replicas[0]).items()}
-        if not first:
-            raise ValueError(
-                "`build` returned a model without variables; build them in "
-                "`build` (e.g. call the model once on a sample)."
-            )
-        for i, replica in enumerate(self.replicas[1:], start=1):
-            other = {n: (v.shape, v.dtype) for n, v in named_variables(replica).items()}
-            differ = sorted(n for n in first.keys() | other.keys() if first.get(n) != other.get(n))
-            if differ:
-                raise ValueError(
-                    f"Replica {i} differs from replica 0 in variables {differ}; `build` must "
-                    "build the same model every time."
-                )
-
-
-def check_replicas_identical(target: Target) -> None:
-    """Checks that every copy of every variable equals the first, bit for bit (eagerly).
-
-    Args:
-      target: A `Replicated`, or anything with `variable_copies()` such as `towers.SGD`
-        (its momentum per replica); a plain target trivially passes.
-
-    Raises:
-      ValueError: naming each variable whose copies differ, the replicas and the largest
-        difference.
-    """
-    differ = []
-    for name, copies in variable_copies(target).items():
-        first = copies[0].numpy()
-        for i, copy in enumerate(copies[1:], start=1):
-            value = copy.numpy()
-            if not np.array_equal(first, value):
-                gap = float(np.max(np.abs(value.astype(np.float64) - first)))
-                differ.append(f"{name} (replica {i}, max difference {gap:.3g})")
-    if differ:
-        raise ValueError(f"Replicated copies differ: {', '.join(differ)}.")

@@ -2,11 +2,12 @@
 
 from collections.abc import Iterable
 
+from towers._optimizer import StatefulOptimizer
 from towers._variable_names import Copies, canonical_name
 from towers.ops._tensorflow import tf
 
 
-class SGD(tf.Module):
+class SGD(tf.Module, StatefulOptimizer):
     """Stochastic gradient descent: `v -= lr * g`, or with momentum `m = mu * m + g; v -= lr * m`.
 
     Updates are built on each variable's device. Sparse gradients (`tf.IndexedSlices`) update

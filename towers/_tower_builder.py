@@ -1,5 +1,6 @@
 """Building one tower per device, each in its variable strategy's scope."""
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,7 +59,7 @@ def replicate(
     results = []
     for i, (shard, device) in enumerate(zip(shards, devices)):
         with tf.device(device), tf.name_scope(f"tower_{i}") as scope:
-            with TowerContext(i, device, len(devices), scope) as tower:
+            with TowerContext(i, device, len(devices), scope, strategy) as tower:
                 with strategy.scope(tower):
                     results.append(fn(shard))
     return results
@@ -71,28 +72,35 @@ def resolve_strategy(model: Any, variable_strategy: VariableStrategy | None) -> 
     Args:
       model: The variables to train; a strategy holding its own copies (`Replicated`) is its
         own strategy. None when only the strategy matters.
-      variable_strategy: The strategy asked for, or None.
+      variable_strategy: The strategy asked for, or None: inside a tower, the one the tower
+        is built with; outside, a new `ParameterServer` on the CPU.
 
     Returns:
-      A `VariableStrategy`; a new `ParameterServer` on the CPU by default.
+      A `VariableStrategy`.
 
     Raises:
       TypeError: if `variable_strategy` is not a strategy.
-      ValueError: if `model` is a strategy and another one is asked for.
     """
     if variable_strategy is not None and not isinstance(variable_strategy, VariableStrategy):
         raise TypeError(
             "`variable_strategy` must be a towers.VariableStrategy such as "
-            f"towers.ParameterServer(); got {type(variable_strategy).__name__}."
+            f"towers.ParameterServer() (subclass it for a strategy of your own); got "
+            f"{type(variable_strategy).__name__}."
         )
     if isinstance(model, VariableStrategy):
         if variable_strategy is not None and variable_strategy is not model:
-            raise ValueError(
-                f"The model is a {type(model).__name__}, its own variable strategy; do not also "
-                f"pass variable_strategy={type(variable_strategy).__name__}(...)."
+            warnings.warn(
+                f"variable_strategy={type(variable_strategy).__name__}(...) is ignored: the "
+                f"model is a {type(model).__name__}, its own variable strategy.",
+                stacklevel=3,
             )
         return model
-    return variable_strategy if variable_strategy is not None else ParameterServer()
+    if variable_strategy is not None:
+        return variable_strategy
+    tower = current_tower()
+    if tower is not None and tower.variable_strategy is not None:
+        return tower.variable_strategy
+    return ParameterServer()
 
 
 @tf.autograph.experimental.do_not_convert

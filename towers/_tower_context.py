@@ -2,6 +2,7 @@
 
 import dataclasses
 import threading
+from typing import Any
 
 from towers.ops._tensorflow import tf
 
@@ -19,12 +20,15 @@ class TowerContext:
       device: The tower's canonical device name.
       num_towers: How many towers are being built.
       name_scope: The tower's name scope as entered (e.g. "tower_1/"), "" if none.
+      variable_strategy: The `towers.VariableStrategy` the tower is built with, or None;
+        `tower_gradients` and `variable_list` use it when not given one.
     """
 
     index: int
     device: str
     num_towers: int
     name_scope: str = ""
+    variable_strategy: Any = None
 
     def __post_init__(self):
         if not 0 <= self.index < self.num_towers:

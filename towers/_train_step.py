@@ -6,7 +6,6 @@ from typing import Any
 
 from towers import ops
 from towers._optimizer import Optimizer
-from towers._replicated import Replicated
 from towers._tower_builder import replicate, resolve_strategy
 from towers._tower_context import current_tower
 from towers._variable_strategy import ReducedGradients, VariableStrategy
@@ -34,7 +33,7 @@ def tower_gradients(
         strategy holding its own copies (`Replicated`: the current tower's copy).
       shard: This tower's inputs.
       variable_strategy: The strategy that says which variables this tower reads; default
-        as in `train_step`.
+        the strategy of the tower being built (`replicate`'s), else as in `train_step`.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -66,7 +65,7 @@ def variable_list(
     Args:
       variables: A sequence of `tf.Variable`, a `tf.Module` (its trainable variables), or a
         strategy holding its own copies such as `Replicated` (the current tower's copy).
-      variable_strategy: As in `train_step`.
+      variable_strategy: As in `train_step`; inside a tower, default the tower's.
 
     Returns:
       The variables, as a list.
@@ -112,7 +111,8 @@ def train_step(
         stay None. It must treat every copy alike to keep replicas identical.
       merge: How to merge the outputs, as `ops.merge_outputs`'s `mode`.
       variable_strategy: A `towers.VariableStrategy` for a model that does not hold its own
-        copies; default `towers.ParameterServer()` (variables on the CPU).
+        copies; default `towers.ParameterServer()` (variables on the CPU). Ignored, with a
+        warning, when `variables` is itself a strategy (`Replicated`).
       split_device: Where the batch is split.
       merge_device: Where the losses and outputs are merged.
 
@@ -152,7 +152,8 @@ def apply_reduced(
 
     Args:
       reduced: From a strategy's `reduce_gradients`.
-      optimizer: Anything with `apply_gradients`; each update is built on the copy's device.
+      optimizer: Anything with `apply_gradients`; each copy's update is built under its
+        `device` (when it has one), each variable's on that variable's device.
       gradient_hook: As in `train_step`, called once per entry of `reduced`.
 
     Returns:
@@ -173,7 +174,7 @@ def apply_reduced(
 
 
 def apply_replicated(
-    replicas: Replicated,
+    replicas: VariableStrategy,
     tower_grads: list,
     sizes: list,
     optimizer: Optimizer,
@@ -184,7 +185,7 @@ def apply_replicated(
     The same as `apply_reduced(replicas.reduce_gradients(replicas, tower_grads, sizes), ...)`.
 
     Args:
-      replicas: The `Replicated` model.
+      replicas: The `Replicated` model (or another strategy holding its copies).
       tower_grads: `K x N` gradients, tower i's for replica i's variables.
       sizes: The shard sizes (weights of the mean).
       optimizer: Applies each replica's update on its device; state per copy.

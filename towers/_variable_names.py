@@ -1,79 +1,53 @@
-"""Canonical, tower-free names for variables, and the copies a name stands for.
+"""Canonical, tower-free names for variables: a 4-tower and a one-device program agree on them.
 
-A 4-tower program and a single-device program that build the same model agree on these names;
-weight files and checkpoints use them.
+Weight files and checkpoints use these names (see `_weight_targets` for what a target is).
 """
 
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
 
 from towers._tower_context import TowerContext
 from towers.ops._tensorflow import tf
 
+# Canonical name -> every copy of that variable (one per replica), the first first.
 Copies = dict[str, tuple[tf.Variable, ...]]
+Variables = tf.Module | Sequence[tf.Variable] | Mapping[str, tf.Variable]
 
 # A tower or replica name-scope component, e.g. "tower_3/" or "tower_0_1/" or "replica_2/".
 _TOWER_COMPONENT = re.compile(r"(^|/)(tower|replica)_\d+(_\d+)?/")
 
 
-@runtime_checkable
-class HasVariableCopies(Protocol):
-    """Anything that keeps several copies of its variables: a replicated model, its optimizer.
-
-    Weight files save the first copy of each variable under its name and restore into all.
-    `towers.Replicated` and `towers.SGD` implement it.
-    """
-
-    def variable_copies(self) -> Copies:
-        """Every variable by canonical name, with all its copies, the first first."""
-
-
-Target = tf.Module | Sequence[tf.Variable] | Mapping[str, tf.Variable] | HasVariableCopies
-
-
-def named_variables(target: Target) -> dict[str, tf.Variable]:
-    """The variables of `target` under names that any program building it agrees on.
+def names_of(variables: Variables) -> dict[str, tf.Variable]:
+    """The variables of a `tf.Module`, list or dict under names any program agrees on.
 
     * A `tf.Module`: attribute paths, e.g. "encoder/layers/0/w", the same in a K-tower and a
       single-device program that build the same module (name scopes play no part).
     * A list of variables: their names without ":0" and without tower or replica scopes.
     * A dict of name to variable: the names as given.
-    * Anything with several copies of its variables (`towers.Replicated`, `towers.SGD`'s
-      state): one name per variable, the first copy.
-
-    Args:
-      target: A `tf.Module`, a list of `tf.Variable`s, a dict of name to variable, or an
-        object with `variable_copies()`.
-
-    Returns:
-      An ordered dict of name to variable.
 
     Raises:
-      TypeError: if `target` or an entry is of another type.
+      TypeError: if `variables` or an entry is of another type.
       ValueError: if two variables of a list share a name.
     """
-    if isinstance(target, HasVariableCopies):
-        return {name: copies[0] for name, copies in target.variable_copies().items()}
-    if isinstance(target, tf.Module):
+    if isinstance(variables, tf.Module):
         found: dict[str, tf.Variable] = {}
-        _walk(target, (), found, set())
+        _walk(variables, (), found, set())
         return found
-    if isinstance(target, Mapping):
-        for name, var in target.items():
+    if isinstance(variables, Mapping):
+        for name, var in variables.items():
             if not isinstance(name, str) or not isinstance(var, tf.Variable):
                 raise TypeError(
                     f"A dict target maps str names to tf.Variable; got {name!r}: {var!r}."
                 )
-        return dict(target)
-    if isinstance(target, (str, bytes)) or not isinstance(target, Sequence):
+        return dict(variables)
+    if isinstance(variables, (str, bytes)) or not isinstance(variables, Sequence):
         raise TypeError(
-            "`target` must be a tf.Module, a list of tf.Variable or a dict of name to variable; "
-            f"got {type(target).__name__}."
+            "`target` must be a tf.Module, a list of tf.Variable, a dict of name to variable, "
+            f"a towers.Replicated or a towers optimizer; got {type(variables).__name__}."
         )
     found = {}
-    for var in target:
+    for var in variables:
         if not isinstance(var, tf.Variable):
             raise TypeError(f"`target` must hold only tf.Variable; got {var!r}.")
         name = canonical_name(var.name)
@@ -84,13 +58,6 @@ def named_variables(target: Target) -> dict[str, tf.Variable]:
             )
         found[name] = var
     return found
-
-
-def variable_copies(target: Target) -> Copies:
-    """Like `named_variables`, with every copy of each variable, the first first."""
-    if isinstance(target, HasVariableCopies):
-        return target.variable_copies()
-    return {name: (var,) for name, var in named_variables(target).items()}
 
 
 def canonical_name(name: str) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from towers._tower_context import TowerContext
+from towers._variable_names import Copies
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
 from towers.ops._weighted_mean import Weight
@@ -44,10 +45,11 @@ class VariableStrategy(abc.ABC):
     3. `reduce_gradients(model, tower_grads, weights)`: the `K x N` tower gradients become a
        list of `ReducedGradients`, one per copy to update; the gradient hook and the
        optimizer are applied once to each.
-    4. Weight files: a strategy that keeps one copy leaves the model's variables as they are;
-       one that keeps several copies also implements `variable_copies()` and is passed as the
-       model itself (to `train_step`, `save_weights`, `CheckpointManager`), so that files see
-       the first copy under tower-free names and restores reach every copy.
+    4. `variable_copies(model)`: which copies weight files see: canonical name -> every copy
+       of that variable, the first first. Files hold the first copy, restores reach all. A
+       strategy that keeps several copies holds its model and is passed as the model itself
+       (to `train_step`, `save_weights`, `CheckpointManager`); the weight functions then ask
+       it, as `strategy.variable_copies(strategy)`.
 
     `model` is what the user passed as the variables to train: a `tf.Module`, a list of
     variables, or the strategy itself when it holds its own copies (`towers.Replicated`).
@@ -90,6 +92,17 @@ class VariableStrategy(abc.ABC):
 
         Returns:
           One `ReducedGradients` per copy of the variables.
+        """
+
+    @abc.abstractmethod
+    def variable_copies(self, model: Any) -> Copies:
+        """Every variable of `model` by canonical name, with all its copies, the first first.
+
+        Args:
+          model: The variables to train.
+
+        Returns:
+          Canonical name -> (copy 0, copy 1, ...); weight files hold copy 0.
         """
 
 

@@ -2,34 +2,34 @@
 
 import itertools
 import random
-import uuid
-import weakref
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
 from towers.ops._tensorflow import tf
 
 # Random group keys come from here; tf.distribute numbers its own groups from 1.
-_GROUP_KEYS = range(2**20, 2**31 - 1)
+_GROUP_KEYS = range(2**20, 2**31)
+# Where a graph keeps its ordering tokens (a graph collection: state of the graph being built).
+_TOKENS = "towers.ops.collective_ordering_tokens"
 
 
 class CollectiveAllReduce(AllReduce):
     """TensorFlow's collective all-reduce (`CollectiveReduceV2`; NCCL on GPUs).
 
     Each device's collectives are ordered by a per-device token, as TensorFlow's own
-    `CollectiveAllReduce` does: without that order the K ops of one function may start in
+    `CollectiveAllReduce` does: without that order the ops of one function may start in
     different orders on different devices and wait for each other forever. The token is a
-    resource handle made in the function being built (one per device and function), so
-    `tf.function`'s automatic control dependencies chain the device's collectives; no
-    variable is created, and a new instance may be made inside a function. Build it inside
-    `tf.function`; a v1 graph has no automatic ordering. With `wire_dtype` the sum itself
-    runs in that dtype.
+    resource handle kept by the function graph being built, one per device, shared by every
+    instance that builds collectives in that function, so `tf.function`'s automatic control
+    dependencies chain all of a device's collectives; no variable is created, and an
+    instance may be made inside a function. Build it inside `tf.function`: eagerly each op
+    would wait alone for its peers, and a v1 graph has no automatic ordering. With
+    `wire_dtype` the sum itself runs in that dtype.
 
-    Every instance owns its keys and tokens: its group keys (one per device set), its
-    instance keys (one per all-reduce it builds) and its ordering tokens. Nothing is shared
-    with other instances, so two models in one process never mix their collectives. Group
-    keys are process-wide in TensorFlow's runtime; an instance draws each at random from
-    [2**20, 2**31) unless `group_key` fixes it (programs whose collectives must meet another
-    process's pass the same `group_key` there).
+    Every instance owns its keys: its group keys (one per device set) and its instance keys
+    (one per all-reduce it builds); two models in one process never mix their collectives.
+    Group keys are process-wide in TensorFlow's runtime; an instance draws each at random
+    from [2**20, 2**31) unless `group_key` fixes it. Collectives that must meet another
+    process's (several workers) need keys that agree: pass the same `group_key` there.
 
     Args:
       timeout_seconds: How long a collective may wait for its peers before failing.
@@ -45,15 +45,19 @@ class CollectiveAllReduce(AllReduce):
     def __init__(self, timeout_seconds: float = 120.0, *, group_key: int | None = None):
         if not isinstance(timeout_seconds, (int, float)) or timeout_seconds <= 0:
             raise ValueError(f"`timeout_seconds` must be positive; got {timeout_seconds!r}.")
-        if group_key is not None and (not isinstance(group_key, int) or group_key < 1):
-            raise ValueError(f"`group_key` must be a positive int or None; got {group_key!r}.")
+        if group_key is not None and (
+            isinstance(group_key, bool)
+            or not isinstance(group_key, int)
+            or group_key < 1
+            or group_key >= 2**31
+        ):
+            raise ValueError(
+                f"`group_key` must be an int in [1, 2**31) or None; got {group_key!r}."
+            )
         self.timeout_seconds = timeout_seconds
         self._first_group_key = group_key
         self._groups: dict[tuple[str, ...], int] = {}
         self._instance_keys = itertools.count(1)
-        self._token_name = f"towers_ordering_{uuid.uuid4().hex[:12]}"
-        # Per function graph being built: device -> its ordering token there.
-        self._tokens: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def group_key(self, devices: list[str]) -> int:
         """The group key this instance uses for `devices` (drawn on first use).
@@ -78,12 +82,19 @@ class CollectiveAllReduce(AllReduce):
         """One `CollectiveReduceV2` per device; see `AllReduce.sum`.
 
         Raises:
-          ValueError: in a v1 graph, which cannot order collectives.
+          ValueError: outside `tf.function` (eagerly, or in a v1 graph, which cannot order
+            collectives), or if a device repeats.
         """
-        if not tf.compat.v1.executing_eagerly_outside_functions():
+        if tf.executing_eagerly() or not tf.compat.v1.executing_eagerly_outside_functions():
             raise ValueError(
-                "The 'collective' all-reduce needs tf.function (TF2); in a v1 graph use 'ring' "
-                "or 'reduce_broadcast'."
+                "The 'collective' all-reduce must be built inside tf.function: wrap the step "
+                "in @tf.function (eagerly each collective would wait alone for its peers). In "
+                "a v1 graph use 'ring' or 'reduce_broadcast'."
+            )
+        if len(set(devices)) != len(devices):
+            raise ValueError(
+                f"The 'collective' all-reduce needs distinct devices, one value each; got "
+                f"{devices}. Reduce values of one device first, or use 'ring'."
             )
         group, instance = self.group_key(devices), next(self._instance_keys)
         out = []
@@ -103,11 +114,15 @@ class CollectiveAllReduce(AllReduce):
         return out
 
     def _token(self, device: str) -> tf.Tensor:
-        """This device's ordering token in the graph being built: an unused resource handle."""
-        tokens = self._tokens.setdefault(tf.compat.v1.get_default_graph(), {})
+        """`device`'s ordering token in the graph being built: an unused resource handle."""
+        graph = tf.compat.v1.get_default_graph()
+        kept = graph.get_collection_ref(_TOKENS)
+        if not kept:
+            kept.append({})
+        tokens = kept[0]
         if device not in tokens:
             with tf.device(device):
                 tokens[device] = tf.raw_ops.VarHandleOp(
-                    dtype=tf.float32, shape=[], shared_name=f"{self._token_name}_{len(tokens)}"
+                    dtype=tf.float32, shape=[], shared_name=f"towers_ordering_{len(tokens)}"
                 )
         return tokens[device]

@@ -142,10 +142,47 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsInstance(auto.choose(tf.ones([1024]), cpus), ops.RingAllReduce)
 
     def test_collective_needs_tf_function(self):
+        message = "'collective' all-reduce must be built inside tf.function"
         with tf.Graph().as_default():
             values = [tf.ones([2]) for _ in range(2)]
-            with self.assertRaisesRegex(ValueError, "'collective' all-reduce needs tf.function"):
+            with self.assertRaisesRegex(ValueError, message):
                 ops.CollectiveAllReduce()(values, test_util.devices(2))
+        with self.assertRaisesRegex(ValueError, message):  # eagerly: refused, not a hang
+            ops.CollectiveAllReduce()([tf.ones([2])] * 2, test_util.devices(2))
+
+    def test_collective_refuses_repeated_devices(self):
+        devices = ["/device:CPU:1", "/device:CPU:1"]
+
+        @tf.function
+        def reduce(x):
+            return ops.CollectiveAllReduce()([x, x * 2.0], devices)
+
+        with self.assertRaisesRegex(ValueError, "needs distinct devices, one value each"):
+            reduce.get_concrete_function(tf.TensorSpec([2]))
+
+    def test_collectives_of_several_instances_share_one_order_per_device(self):
+        """Two models' all-reduces in one step (a GAN, say) must not start in different orders."""
+        devices = test_util.devices(2)
+        first, second = ops.CollectiveAllReduce(), ops.CollectiveAllReduce()
+
+        @tf.function
+        def reduce(x):
+            placed = []
+            for device in devices:
+                with tf.device(device):
+                    placed.append(x * 2.0)
+            return first(placed, devices), second(placed, devices), first(placed, devices)
+
+        graph = reduce.get_concrete_function(tf.TensorSpec([3])).graph
+        for device in devices:
+            chain = [
+                op
+                for op in graph.get_operations()
+                if op.type == "CollectiveReduceV2" and test_util.local_device(op.device) == device
+            ]
+            self.assertLen(chain, 3)
+            for before, after in zip(chain, chain[1:]):
+                self.assertIn(before, after.control_inputs)
 
     def test_collectives_are_ordered_per_device(self):
         """Three all-reduces in one function: each device's collectives form a chain."""
@@ -226,8 +263,11 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             ops.all_reduce_algorithm(3)
         with self.assertRaisesRegex(ValueError, "`timeout_seconds` must be positive; got 0"):
             ops.CollectiveAllReduce(timeout_seconds=0)
-        with self.assertRaisesRegex(ValueError, "`group_key` must be a positive int"):
-            ops.CollectiveAllReduce(group_key=-1)
+        for key in (-1, 0, 2**31, True, 1.5):
+            with self.assertRaisesRegex(
+                ValueError, r"`group_key` must be an int in \[1, 2\*\*31\)"
+            ):
+                ops.CollectiveAllReduce(group_key=key)
 
     def test_the_contract_needs_sum(self):
         class Incomplete(ops.AllReduce):

@@ -48,7 +48,7 @@ class TwoCopies(towers.VariableStrategy):
             reduced.append(towers.ReducedGradients(grads, list(copy.trainable_variables), device))
         return reduced
 
-    def variable_copies(self):
+    def variable_copies(self, model):
         names = towers.named_variables(self.copies[0])
         second = list(towers.named_variables(self.copies[1]).values())
         return {name: (var, second[j]) for j, (name, var) in enumerate(names.items())}
@@ -81,6 +81,9 @@ class OnTowerZero(towers.VariableStrategy):
     def reduce_gradients(self, model, tower_grads, weights):
         variables = self.tower_variables(model, None)
         return [towers.ReducedGradients(ops.average_gradients(tower_grads, weights), variables)]
+
+    def variable_copies(self, model):
+        return {name: (var,) for name, var in towers.named_variables(model).items()}
 
 
 def _reference(steps, momentum=0.0):
@@ -162,6 +165,29 @@ class CustomStrategyTest(tf.test.TestCase):
 
 
 class ResolveTest(tf.test.TestCase):
+    def test_tower_code_gets_the_strategy_its_tower_is_built_with(self):
+        strategy = TwoCopies(test_util.devices(2))
+        shards = ops.split_batch(test_util.batch(4), 2)
+
+        def fn(shard):
+            tower = towers.current_tower()
+            self.assertIs(tower.variable_strategy, strategy)
+            local = strategy.copies[tower.index]
+            loss, _, grads = towers.tower_gradients(test_util.loss_fn(local), None, shard)
+            return [g is not None for g in grads], towers.variable_list(None)
+
+        results = towers.replicate(fn, shards, test_util.devices(2), variable_strategy=strategy)
+        for i, (has_grad, variables) in enumerate(results):
+            self.assertEqual(has_grad, [True, True, False, True, True])
+            self.assertEqual(variables, list(strategy.copies[i].trainable_variables))
+
+    def test_a_module_attribute_named_like_a_method_is_just_a_name(self):
+        model = _build()
+        model.variable_copies = 3
+        path = os.path.join(self.get_temp_dir(), "w.npz")
+        towers.save_weights(model, path)
+        self.assertIn("w1", towers.read_weights(path))
+
     def test_bad_strategies(self):
         model = test_util.Model()
         with self.assertRaisesRegex(TypeError, "must be a towers.VariableStrategy .* got str"):
@@ -174,9 +200,9 @@ class ResolveTest(tf.test.TestCase):
                 variable_strategy="/cpu:0",
             )
         replicas = towers.Replicated(_build, test_util.devices(2))
-        with self.assertRaisesRegex(ValueError, "its own variable strategy; do not also pass"):
+        with self.assertWarnsRegex(UserWarning, "is ignored: the model is a Replicated"):
             towers.train_step(
-                test_util.loss_fn(replicas.local()),
+                lambda b: test_util.loss_fn(replicas.local())(b),
                 replicas,
                 towers.SGD(0.1),
                 test_util.batch(4),
@@ -199,7 +225,7 @@ class ResolveTest(tf.test.TestCase):
                 return tf.variable_creator_scope(lambda next_creator, **kw: next_creator(**kw))
 
         with self.assertRaisesRegex(
-            TypeError, "abstract methods reduce_gradients, tower_variables"
+            TypeError, "abstract methods reduce_gradients, tower_variables, variable_copies"
         ):
             Partial()
 
