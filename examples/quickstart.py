@@ -114,7 +114,8 @@ def train(
 
     Returns:
       A dict with the `losses` and `step_seconds` of the steps run here (the first, the
-      trace, excluded from the seconds), the trained `model` and its checkpoint `manager`.
+      trace, excluded from the seconds), the trained `model` and its (closed) checkpoint
+      `manager`.
 
     Raises:
       ValueError: if `checkpoint_dir` already has checkpoints and `resume` is False.
@@ -133,6 +134,7 @@ def train(
             checkpoint_dir, variables, optimizer, every_n_steps=save_every or None, monitor="min"
         )
         if manager.steps and not resume:
+            manager.close()
             raise ValueError(
                 f"{checkpoint_dir!r} already holds checkpoints (steps {manager.steps}); pass "
                 "--resume to continue that run or choose another --checkpoint_dir."
@@ -168,6 +170,8 @@ def train(
             manager.step_end(i + 1, value=statistics.mean(losses[-(save_every or 1) :]))
     if manager and losses and manager.steps[-1:] != [steps]:
         manager.save(steps, value=statistics.mean(losses[-(save_every or 1) :]))
+    if manager:
+        manager.close()  # another program may now write to the directory
     model = variables.replicas[0] if replicated else variables
     return {"losses": losses, "step_seconds": seconds[1:], "model": model, "manager": manager}
 

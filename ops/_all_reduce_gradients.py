@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.base import WIRE_DTYPES, AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._packing import PackSpec, pack, pack_spec, unpack
 from towers.ops._tensorflow import tf
@@ -43,7 +43,10 @@ def all_reduce_gradients(
       made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense.
     * float16/bfloat16 gradients are reduced in float32; `wire_dtype` instead sends float32
       values as float16/bfloat16 between devices (the plain-op algorithms still add in
-      float32).
+      float32). Each tower's gradient is scaled by its weight before it is cast, so only a
+      mean that does not fit the wire dtype can overflow (|partial sums| <= sum_i |w_i g_i|,
+      at most 65504 for float16); the error is at most K * u * sum_i |w_i g_i| per element,
+      u the wire dtype's unit roundoff (2**-11 for float16, 2**-8 for bfloat16).
     * None in every tower stays None; None in some towers only is an error.
 
     Args:
@@ -71,8 +74,7 @@ def all_reduce_gradients(
             f"`devices` must have one device per tower; got {len(devices)} devices for "
             f"{len(tower_grads)} towers."
         )
-    if sparse not in SPARSE_MODES:
-        raise ValueError(f"`sparse` must be one of {SPARSE_MODES}; got {sparse!r}.")
+    check_options(bucket_bytes, wire_dtype, sparse)
     algorithm = all_reduce_algorithm(algorithm)
     norm = normalized_weights(weights, len(devices), "all_reduce_gradients")
     out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
@@ -94,6 +96,27 @@ def all_reduce_gradients(
             for (j, _), value in zip(dense_columns, reduced[i]):
                 out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
     return out
+
+
+def check_options(bucket_bytes: int | None, wire_dtype: tf.DType | None, sparse: str) -> None:
+    """Checks the options of `all_reduce_gradients` (also where they are first given).
+
+    Raises:
+      ValueError: naming the option, the value received and what it may be.
+    """
+    if bucket_bytes is not None and (
+        isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1
+    ):
+        raise ValueError(
+            f"`bucket_bytes` must be a positive int (bytes per bucket) or None (no packing); "
+            f"got {bucket_bytes!r}."
+        )
+    if wire_dtype not in WIRE_DTYPES:
+        raise ValueError(
+            f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."
+        )
+    if sparse not in SPARSE_MODES:
+        raise ValueError(f"`sparse` must be one of {SPARSE_MODES}; got {sparse!r}.")
 
 
 def _dtype_of(tower_grads: list, j: int) -> tf.DType:
@@ -123,8 +146,9 @@ def _reduce_dense(
 ) -> list[list[tf.Tensor]]:
     """The weighted sum of N columns of K tensors, packed in buckets; returns K lists of N.
 
-    Weights apply to whole buckets: before the sum when they differ (one multiply per tower
-    and bucket), after it when they are equal (one per device and bucket).
+    Weights apply to whole buckets: before the sum when they differ or values travel in a
+    narrower dtype (one multiply per tower and bucket; a scaled sum cannot overflow where the
+    mean does not), after it otherwise (one per device and bucket).
     """
     k = len(devices)
     per_tower = [[column[i] for column in columns] for i in range(k)]
@@ -135,7 +159,7 @@ def _reduce_dense(
             tuple((j,) for j in range(len(columns))), tuple(t.shape for t in per_tower[0])
         )
     )
-    equal = equal_weights(weights)
+    equal = equal_weights(weights) and wire_dtype is None
     packed = []
     for tensors, device, weight in zip(per_tower, devices, weights):
         with tf.device(device):

@@ -7,6 +7,13 @@ from towers.ops._leaf_paths import leaf_paths
 from towers.ops._tensorflow import tf
 
 Nested = Any
+_FIX = "Convert it first, e.g. with tf.convert_to_tensor."
+_FIXES = {
+    "RaggedTensor": "Pad it to a dense tensor first, e.g. `ragged.to_tensor()` (and pass the "
+    "row lengths as another input if the model needs them).",
+    "SparseTensor": "Make it dense first, e.g. with tf.sparse.to_dense, or split its "
+    "indices and values yourself.",
+}
 
 
 def _flat_tensors(inputs: Nested) -> list[tf.Tensor]:
@@ -17,8 +24,8 @@ def _flat_tensors(inputs: Nested) -> list[tf.Tensor]:
     for path, leaf in zip(_paths(inputs), leaves):
         if not isinstance(leaf, (tf.Tensor, tf.Variable)):
             raise TypeError(
-                f"Every leaf of `inputs` must be a tf.Tensor; got {type(leaf).__name__} at "
-                f"{path}. Convert it first, e.g. with tf.convert_to_tensor."
+                f"Every leaf of `inputs` must be a dense tf.Tensor; got {type(leaf).__name__} "
+                f"at {path}. {_FIXES.get(type(leaf).__name__, _FIX)}"
             )
         if leaf.shape.rank == 0:
             raise ValueError(

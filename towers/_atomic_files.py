@@ -11,9 +11,10 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """Calls `write(temp_path)`, flushes it to disk and renames it to `path`.
 
     The temporary file lives in the same directory (a rename never crosses file systems), so
-    readers of `path` see the old file or the new one, never a part of either. After a
-    successful write, temporaries that killed writers of `path` left behind are removed: one
-    writer per path at a time.
+    readers of `path` see the old file or the new one, never a part of either. Its name
+    carries the writer's process id; after a successful write, the temporaries of `path`
+    left by writers that no longer run (killed mid-save) are removed, never those of a live
+    writer.
 
     Args:
       path: The file to (re)place.
@@ -21,7 +22,8 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    base = os.path.basename(path)
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{base}.{os.getpid()}.", suffix=".tmp")
     os.close(fd)
     try:
         write(temp)
@@ -33,11 +35,29 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
             os.remove(temp)
         raise
     fsync_path(directory)
-    stale = re.compile(rf"\.{re.escape(os.path.basename(path))}\.\w{{8}}\.tmp")  # mkstemp's names
+    remove_stale_temporaries(directory, base)
+
+
+def remove_stale_temporaries(directory: str, base: str) -> None:
+    """Removes the temporaries of `base` in `directory` whose writing process is gone."""
+    pattern = re.compile(rf"\.{re.escape(base)}\.(\d+)\.\w{{8}}\.tmp")  # mkstemp's names
     for name in os.listdir(directory):
-        if stale.fullmatch(name):
+        match = pattern.fullmatch(name)
+        if match and not _running(int(match.group(1))):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, name))
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes one file at a time: its own leftovers are stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
 
 
 def _mode_for(path: str) -> int:

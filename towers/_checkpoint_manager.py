@@ -1,19 +1,33 @@
 """A checkpoint manager for training loops: periodic saves, keep last k, keep best, resume."""
 
-import contextlib
-import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from towers import _weight_formats
 from towers._atomic_files import atomic_write_text
-from towers._checkpoint_files import INDEX, checkpoint_file, managed_files
+from towers._checkpoint_files import (
+    EXTENSIONS,
+    LOCK,
+    Record,
+    adopt_old_index,
+    kept,
+    managed,
+    new_record,
+    next_serial,
+    remove,
+    scan,
+    to_json,
+    write_index,
+)
+from towers._directory_lock import DirectoryLock
 from towers._optimizer import StatefulOptimizer
 from towers._weight_targets import Target, named_variables, variable_copies
-from towers._weights_io import restore_arrays, restore_weights, save_weights
+from towers._weights_io import assign_arrays, match_arrays, save_weights
+from towers.ops._tensorflow import tf
 
 _STEP = "__step__"
 
@@ -21,27 +35,38 @@ _STEP = "__step__"
 class CheckpointManager:
     """Saves weights, optimizer state and the step counter; keeps the last k and the best.
 
-    Every checkpoint is two files in `directory`: the weights under canonical names (load them
-    with `towers.restore_weights` into any program, single-device included) and the state (the
-    optimizer's variables and the step). A JSON index, rewritten atomically after both files,
-    says which checkpoints are complete, so a crash never leaves a half checkpoint in use.
-    Names carry no tower prefix, so a run saved with K towers resumes with any other number.
+    Every checkpoint is a weights file under canonical names (load it with
+    `towers.restore_weights` into any program, single-device included), a state file (the
+    optimizer's variables and the step) and a JSON record naming both, written last: the
+    record is the commit, so a save killed at any moment leaves the previous checkpoints
+    whole, a re-save of a step never overwrites the save it replaces, and the directory
+    describes itself. `checkpoints.json` indexes the complete checkpoints and the best; when
+    it is lost or corrupt it is rebuilt from the records. Only files of the manager's own
+    names are ever deleted, and only once a newer save supersedes them.
+
+    One writer per directory: the manager holds an OS lock on `checkpoints.lock` from
+    construction until `close()` (or until the process ends); a second manager on the same
+    directory, in any process, gets an error naming the holder. Names carry no tower prefix,
+    so a run saved with K towers resumes with any other number.
 
     Args:
-      directory: Where the checkpoints live; created if needed. One writer at a time.
+      directory: Where the checkpoints live; created if needed.
       model: The weights target: a `tf.Module`, a list or dict of variables, or a strategy
         holding its own copies (`towers.Replicated`).
-      optimizer: Optional; its state is saved, named as a weights target (`towers.SGD` names
-        it per variable, one entry for all replicas' copies). If it builds its state on
-        request (`build(variables)`), save and restore call it first with every copy of the
-        model's variables, so that state it creates lazily (e.g. momentum of a variable
-        without gradient yet) is always complete.
+      optimizer: Optional; its state is saved: a `towers` optimizer (`towers.SGD`, its state
+        per variable, one entry for all replicas' copies, built up front), or a `tf.Module`,
+        list or dict of the optimizer's variables.
       every_n_steps: `step_end` saves when the step is a multiple of this; None: never.
       keep_last: How many regular checkpoints to keep, >= 1.
       monitor: "min" or "max" to keep the best weights by the value given to `save`, like
         Keras' `ModelCheckpoint(save_best_only=True)`; None to keep no best.
-      suffix: The format: ".npz" (default: numpy alone reads it), ".h5" (faster), or "" for
-        TensorFlow checkpoints.
+      suffix: The format: ".npz" (default: numpy alone reads it), ".h5" (faster), or ".ckpt"
+        (or "") for TensorFlow checkpoints.
+
+    Raises:
+      ValueError: for an argument out of range.
+      TypeError: for an optimizer whose state cannot be saved.
+      RuntimeError: if another manager writes to `directory`.
 
     Example:
       >>> manager = towers.CheckpointManager("ckpt", model, optimizer, every_n_steps=100,
@@ -64,43 +89,55 @@ class CheckpointManager:
         monitor: str | None = None,
         suffix: str = ".npz",
     ):
-        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+        if every_n_steps is not None and (not _is_int(every_n_steps) or every_n_steps < 1):
             raise ValueError(
                 f"`every_n_steps` must be a positive int or None; got {every_n_steps!r}."
             )
-        if not isinstance(keep_last, int) or keep_last < 1:
+        if not _is_int(keep_last) or keep_last < 1:
             raise ValueError(f"`keep_last` must be a positive int; got {keep_last!r}.")
         if monitor not in (None, "min", "max"):
             raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
-        if suffix not in (".npz", ".h5", ""):
-            raise ValueError(f"`suffix` must be '.npz', '.h5' or ''; got {suffix!r}.")
+        if suffix not in EXTENSIONS:
+            raise ValueError(f"`suffix` must be one of {sorted(EXTENSIONS)}; got {suffix!r}.")
+        _check_optimizer(optimizer)
         self.directory = os.fspath(directory)
         self.model, self.optimizer = model, optimizer
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.monitor, self.suffix = monitor, suffix
-        self._index = self._read_index()
+        self._lock = DirectoryLock(self.directory, LOCK)
+        self._records = scan(self.directory) or adopt_old_index(self.directory)
+        self._checkpoints, self._best = kept(self._records, keep_last, monitor)
+        write_index(self.directory, self._checkpoints, self._best)
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases the directory for another writer; the manager cannot save after it."""
+        self._lock.release()
 
     @property
     def steps(self) -> list[int]:
         """The steps of the checkpoints kept, oldest first."""
-        return [c["step"] for c in self._index["checkpoints"]]
+        return [r.step for r in self._checkpoints]
 
     @property
     def latest_weights(self) -> str | None:
         """Path of the newest checkpoint's weights, or None."""
-        kept = self._index["checkpoints"]
-        return os.path.join(self.directory, kept[-1]["weights"]) if kept else None
+        return self._path(self._checkpoints[-1].weights) if self._checkpoints else None
 
     @property
     def best_weights(self) -> str | None:
         """Path of the best weights so far, or None."""
-        best = self._index["best"]
-        return os.path.join(self.directory, best["weights"]) if best else None
+        return self._path(self._best.weights) if self._best else None
 
     @property
     def best_value(self) -> float | None:
         """The monitored value of the best weights, or None."""
-        return self._index["best"]["value"] if self._index["best"] else None
+        return self._best.value if self._best else None
 
     def step_end(self, step: int, value: float | None = None) -> bool:
         """Saves if `step` is a multiple of `every_n_steps`; call it after every step.
@@ -111,7 +148,11 @@ class CheckpointManager:
 
         Returns:
           Whether it saved.
+
+        Raises:
+          ValueError: as `save`.
         """
+        _check_step(step)
         if self.every_n_steps is None or step % self.every_n_steps:
             return False
         self.save(step, value)
@@ -120,55 +161,93 @@ class CheckpointManager:
     def save(self, step: int, value: float | None = None) -> str:
         """Saves a checkpoint of `step` now, and the best weights if `value` improved.
 
+        All or nothing: until its record is written, the save does not exist, and the
+        checkpoints before it stay as they were.
+
         Args:
-          step: The number of steps done; restore returns it.
+          step: The number of steps done, an int >= 0; restore returns it.
           value: The monitored value (e.g. a validation loss); required when `monitor` is set.
 
         Returns:
           The path of the weights written.
 
         Raises:
-          ValueError: if `monitor` is set and `value` is missing or not a finite number.
+          ValueError: if `step` is not an int >= 0, or `monitor` is set and `value` is
+            missing or not a finite number.
+          RuntimeError: after `close()`.
         """
-        if self.monitor and (value is None or not math.isfinite(value)):
+        _check_step(step)
+        if self.monitor and (
+            _is_int(value) is False and not isinstance(value, float) or not math.isfinite(value)
+        ):
             raise ValueError(
                 f"`value` must be a finite number when monitor={self.monitor!r}; got {value!r}."
             )
-        weights = checkpoint_file(step, self.suffix)
-        state = checkpoint_file(step, self.suffix, kind="state")
-        save_weights(self.model, os.path.join(self.directory, weights))
-        _weight_formats.write(os.path.join(self.directory, state), self._state_arrays(step))
-        index = dict(self._index)
-        kept = [c for c in index["checkpoints"] if c["step"] != step]
-        index["checkpoints"] = (kept + [{"step": step, "weights": weights, "state": state}])[
-            -self.keep_last :
-        ]
+        if not self._lock.held:
+            raise RuntimeError(f"This CheckpointManager of {self.directory!r} is closed.")
+        value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        saved = [self._write("ckpt", step, value)]
         if self.monitor and self._improves(value):
-            best = f"best-{step:08d}.weights{self.suffix}"
-            save_weights(self.model, os.path.join(self.directory, best))
-            index["best"] = {"step": step, "value": float(value), "weights": best}
-        self._write_index(index)
-        return os.path.join(self.directory, weights)
+            saved.append(self._write("best", step, value))
+        self._records = self._records + saved
+        self._checkpoints, self._best = kept(self._records, self.keep_last, self.monitor)
+        write_index(self.directory, self._checkpoints, self._best)
+        self._remove_superseded()
+        return self._path(saved[0].weights)
 
-    def restore_latest(self) -> int:
+    def restore_latest(self, *, strict: bool = True) -> int:
         """Restores the newest checkpoint's weights and optimizer state; returns its step.
+
+        All or nothing: weights, optimizer state and step are read and checked first, and
+        assigned only when all match (or, with `strict=False`, whatever matches).
+
+        Args:
+          strict: Whether a missing, unexpected or mismatched name is an error.
 
         Returns:
           The step saved with it, or 0 when there is no checkpoint (a fresh start).
+
+        Raises:
+          ValueError: if a file is corrupt, or (strict) weights or state do not match.
         """
-        if not self._index["checkpoints"]:
+        if not self._checkpoints:
             return 0
-        latest = self._index["checkpoints"][-1]
-        restore_weights(self.model, os.path.join(self.directory, latest["weights"]))
-        arrays = _weight_formats.read(os.path.join(self.directory, latest["state"]))
+        latest = self._checkpoints[-1]
+        weights = _weight_formats.read(self._path(latest.weights))
+        state = _weight_formats.read(self._path(latest.state))
+        if _STEP not in state or int(state[_STEP]) != latest.step:
+            raise ValueError(f"The state file {latest.state!r} does not hold step {latest.step}.")
+        plans = [(variable_copies(self.model), weights, latest.weights)]
         if self.optimizer is not None:
             self._build_optimizer()
-            state = {k: v for k, v in arrays.items() if k != _STEP}
-            restore_arrays(variable_copies(self.optimizer), state, latest["state"])
-        return int(arrays[_STEP])
+            optimizer_state = {k: v for k, v in state.items() if k != _STEP}
+            plans.append((variable_copies(self.optimizer), optimizer_state, latest.state))
+        reports = [match_arrays(c, a, self._path(where), strict=strict) for c, a, where in plans]
+        for (copies, arrays, _), report in zip(plans, reports):
+            assign_arrays(copies, arrays, report)
+        return latest.step
+
+    def _write(self, kind: str, step: int, value: float | None) -> Record:
+        """Writes one save's files, the record last (the commit)."""
+        serial = next_serial(self.directory, kind, step)
+        extension = EXTENSIONS[self.suffix]
+        record = new_record(kind, step, serial, extension, value)
+        save_weights(self.model, self._path(record.weights))
+        if record.state:
+            _weight_formats.write(self._path(record.state), self._state_arrays(step))
+        atomic_write_text(self._path(record.name), to_json(record))
+        return record
+
+    def _remove_superseded(self) -> None:
+        """Deletes the manager's own files that no kept save uses (never anything else)."""
+        in_use = {f for r in [*self._checkpoints, self._best] if r for f in r.files}
+        for name in managed(self.directory):
+            if name not in in_use:
+                remove(self._path(name))
+        self._records = [*self._checkpoints, *([self._best] if self._best else [])]
 
     def _build_optimizer(self) -> None:
-        """Creates all of the optimizer's lazy state, so saved and restored state agree."""
+        """Creates all of a towers optimizer's lazy state, so saved and restored state agree."""
         if isinstance(self.optimizer, StatefulOptimizer):
             copies = variable_copies(self.model).values()
             self.optimizer.build([var for group in copies for var in group])
@@ -184,38 +263,33 @@ class CheckpointManager:
             arrays.update({n: v.numpy() for n, v in named_variables(self.optimizer).items()})
         return arrays
 
-    def _read_index(self) -> dict:
-        path = os.path.join(self.directory, INDEX)
-        if not os.path.exists(path):
-            return {"checkpoints": [], "best": None}
-        try:
-            with open(path) as f:
-                index = json.load(f)
-        except ValueError as error:
-            raise ValueError(f"The checkpoint index {path!r} is corrupt ({error}).") from None
-        if not isinstance(index, dict) or not {"checkpoints", "best"} <= index.keys():
-            raise ValueError(f"The checkpoint index {path!r} is corrupt (keys missing).")
-        return index
-
-    def _write_index(self, index: dict) -> None:
-        atomic_write_text(os.path.join(self.directory, INDEX), json.dumps(index, indent=1))
-        self._index = index
-        # Dropped checkpoints, and files of saves killed before their index was written.
-        for name in managed_files(self.directory) - set(_files(index)):
-            _remove(os.path.join(self.directory, name))
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
 
 
-def _files(index: dict) -> list[str]:
-    files = [f for c in index["checkpoints"] for f in (c["weights"], c["state"])]
-    return files + ([index["best"]["weights"]] if index["best"] else [])
+def _check_optimizer(optimizer: Any) -> None:
+    if optimizer is None or isinstance(optimizer, (StatefulOptimizer, tf.Module, Mapping)):
+        return
+    if isinstance(optimizer, Sequence) and all(isinstance(v, tf.Variable) for v in optimizer):
+        return
+    raise TypeError(
+        "CheckpointManager saves an optimizer's state as variables: give a towers optimizer "
+        "(towers.SGD), a tf.Module, or a list or dict of its variables (e.g. a Keras "
+        f"optimizer's `optimizer.variables`); got {type(optimizer).__name__}."
+    )
 
 
-def _remove(path: str) -> None:
-    """Removes a checkpoint file or TensorFlow checkpoint directory."""
-    with contextlib.suppress(OSError):
-        if os.path.isdir(path):
-            for name in os.listdir(path):
-                os.remove(os.path.join(path, name))
-            os.rmdir(path)
-        else:
-            os.remove(path)
+def _check_step(step: Any) -> None:
+    if not _is_int(step) or step < 0:
+        raise ValueError(f"`step` must be an int >= 0; got {step!r}.")
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a float if it is a finite real number, else None."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) else None
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -1,4 +1,7 @@
-"""Finding the devices to build towers on, and simulating several on one."""
+"""Finding the devices to build towers on, simulating several on one, checking them."""
+
+from collections.abc import Iterable
+from typing import Any
 
 from towers.ops._tensorflow import tf
 
@@ -37,6 +40,56 @@ def canonical_device(device: str | tf.DeviceSpec | tf.config.LogicalDevice) -> s
             f"{device.to_string()!r}."
         )
     return device.to_string()
+
+
+@tf.autograph.experimental.do_not_convert
+def device_list(devices: Any, argument: str = "devices") -> list[str]:
+    """Canonical names of a sequence of devices.
+
+    A single name is refused rather than split into its characters.
+
+    Raises:
+      TypeError: if `devices` is one device or not a sequence.
+      ValueError: if a name does not parse.
+    """
+    if isinstance(devices, (str, bytes, tf.DeviceSpec, tf.config.LogicalDevice)):
+        shown = devices.name if isinstance(devices, tf.config.LogicalDevice) else devices
+        raise TypeError(
+            f"`{argument}` must be a list of devices, one per tower; got the single device "
+            f"{shown!r}. Pass [{shown!r}] for one tower."
+        )
+    try:
+        return [canonical_device(d) for d in devices]
+    except TypeError:
+        if isinstance(devices, Iterable):
+            raise
+        raise TypeError(
+            f"`{argument}` must be a list of device names; got {type(devices).__name__}."
+        ) from None
+
+
+@tf.autograph.experimental.do_not_convert
+def check_devices_exist(devices: list[str], argument: str = "devices") -> None:
+    """Checks local devices against `tf.config`, where TF2 code takes them from.
+
+    A v1 graph is run by a Session that takes its devices from its own config, so graphs built
+    outside functions are not checked; the session reports a missing device when it runs.
+
+    Raises:
+      ValueError: naming the missing device and those that exist.
+    """
+    if not tf.compat.v1.executing_eagerly_outside_functions():
+        return
+    existing = {canonical_device(d) for d in tf.config.list_logical_devices()}
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(device)
+        local = spec.replace(job=None, replica=None, task=None).to_string()
+        if spec.job in (None, "localhost") and local not in existing:
+            raise ValueError(
+                f"Device {device!r} in `{argument}` does not exist; this process has "
+                f"{sorted(existing)}. Use towers.list_devices(), or towers.simulate_devices "
+                "to make more logical devices."
+            )
 
 
 def _kind(kind: str) -> str:

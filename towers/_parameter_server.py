@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from towers import ops
-from towers._devices import canonical_device
+from towers._devices import canonical_device, check_devices_exist, device_list
 from towers._tower_context import TowerContext
 from towers._variable_names import Copies, names_of, without_tower_scope
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
@@ -33,7 +33,8 @@ class ParameterServer(VariableStrategy):
       devices: One device name, or a list of them to spread variables over.
 
     Raises:
-      ValueError: if `devices` is empty or a name does not parse.
+      ValueError: if `devices` is empty or a name does not parse; when towers are built (TF2),
+        if a device does not exist in this process.
 
     Example:
       >>> strategy = towers.ParameterServer(devices=towers.list_devices())
@@ -42,10 +43,11 @@ class ParameterServer(VariableStrategy):
     """
 
     def __init__(self, devices: str | Sequence[str] = "/cpu:0"):
-        names = [devices] if isinstance(devices, (str, tf.DeviceSpec)) else list(devices)
+        one = isinstance(devices, (str, tf.DeviceSpec, tf.config.LogicalDevice))
+        names = [canonical_device(devices)] if one else device_list(devices)
         if not names:
             raise ValueError("`devices` must name at least one device; got [].")
-        self._load = {canonical_device(d): 0 for d in names}
+        self._load = dict.fromkeys(names, 0)
 
     @property
     def devices(self) -> list[str]:
@@ -72,6 +74,8 @@ class ParameterServer(VariableStrategy):
         Returns:
           A `tf.variable_creator_scope`.
         """
+        if tower.is_chief:
+            check_devices_exist(self.devices, "ParameterServer(devices=...)")
         return tf.variable_creator_scope(functools.partial(self._create, tower))
 
     @tf.autograph.experimental.do_not_convert

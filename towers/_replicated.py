@@ -5,11 +5,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from towers import ops
-from towers._devices import canonical_device
+from towers._devices import check_devices_exist, device_list
 from towers._replica_checks import check_new_replica, check_same_structure
 from towers._tower_context import TowerContext, current_tower
 from towers._variable_names import Copies, names_of
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
+from towers.ops._all_reduce_gradients import check_options
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
 from towers.ops._weighted_mean import Weight
@@ -48,9 +49,10 @@ class Replicated(VariableStrategy):
       sparse: "gather" (IndexedSlices stay sparse) or "dense".
 
     Raises:
-      ValueError: if devices repeat, a replica has no variables, `build` returns a model
-        (or variables) it returned before, or replicas differ in structure (the message
-        names the variables).
+      ValueError: if devices repeat or do not exist, an option is out of range, a replica has
+        no variables, `build` returns a model (or variables) it returned before, or replicas
+        differ in structure (the message names the variables).
+      TypeError: if `build` is not callable or `devices` is a single name.
     """
 
     def __init__(
@@ -63,9 +65,16 @@ class Replicated(VariableStrategy):
         wire_dtype: tf.DType | None = None,
         sparse: str = "gather",
     ):
-        self.devices = [canonical_device(d) for d in devices]
+        if not callable(build) or isinstance(build, tf.Module):
+            raise TypeError(
+                f"`build` must be a function that builds a new model on each call, e.g. "
+                f"`lambda: MyModel()`; got {type(build).__name__}."
+            )
+        self.devices = device_list(devices)
         if not self.devices or len(set(self.devices)) != len(self.devices):
             raise ValueError(f"`devices` must be distinct and non-empty; got {self.devices}.")
+        check_devices_exist(self.devices)
+        check_options(bucket_bytes, wire_dtype, sparse)
         self.algorithm = ops.all_reduce_algorithm(all_reduce)
         self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
         self.replicas = []

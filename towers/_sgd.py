@@ -21,7 +21,9 @@ class SGD(tf.Module, StatefulOptimizer):
       name: The module's name.
 
     Raises:
-      ValueError: if `momentum` is outside [0, 1).
+      TypeError: if `learning_rate` or `momentum` is not a number (or `learning_rate` a
+        scalar tensor or variable).
+      ValueError: if `learning_rate` is negative or `momentum` is outside [0, 1).
     """
 
     _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_slot_of"}
@@ -30,6 +32,9 @@ class SGD(tf.Module, StatefulOptimizer):
         self, learning_rate: float | tf.Tensor = 0.01, momentum: float = 0.0, name: str = "SGD"
     ):
         super().__init__(name=name)
+        _check_learning_rate(learning_rate)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+            raise TypeError(f"`momentum` must be a number in [0, 1); got {momentum!r}.")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"`momentum` must be in [0, 1); got momentum={momentum}.")
         self.learning_rate = learning_rate
@@ -123,3 +128,21 @@ class SGD(tf.Module, StatefulOptimizer):
             self.slots[key] = slot
             self._slot_of[var.ref()] = slot
         return self._slot_of[var.ref()]
+
+
+def _check_learning_rate(learning_rate: object) -> None:
+    """A float >= 0, or a scalar floating tensor or variable (checked when it runs)."""
+    if isinstance(learning_rate, (tf.Tensor, tf.Variable)):
+        if learning_rate.shape.rank not in (None, 0) or not learning_rate.dtype.is_floating:
+            raise TypeError(
+                f"`learning_rate` must be a floating scalar; got {learning_rate.dtype.name} of "
+                f"shape {learning_rate.shape}."
+            )
+        return
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
+        raise TypeError(
+            f"`learning_rate` must be a number, or a scalar tensor or variable; got "
+            f"{learning_rate!r}."
+        )
+    if learning_rate < 0:
+        raise ValueError(f"`learning_rate` must be >= 0; got {learning_rate}.")

@@ -4,7 +4,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towers._devices import canonical_device
+from towers._devices import check_devices_exist, device_list
 from towers._parameter_server import ParameterServer
 from towers._tower_context import TowerContext, current_tower
 from towers._variable_strategy import VariableStrategy
@@ -37,7 +37,8 @@ def replicate(
     Raises:
       ValueError: if `shards` and `devices` differ in length or are empty, a device does not
         exist, or a tower after the first creates a variable.
-      TypeError: if `fn` is not callable or `variable_strategy` is not a strategy.
+      TypeError: if `fn` is not callable, `devices` is a single name rather than a list, or
+        `variable_strategy` is not a strategy.
       RuntimeError: if called inside a tower.
 
     Example:
@@ -46,7 +47,7 @@ def replicate(
     """
     if not callable(fn):
         raise TypeError(f"`fn` must be callable; got {fn!r}.")
-    shards, devices = list(shards), [canonical_device(d) for d in devices]
+    shards, devices = list(shards), device_list(devices)
     if not devices or len(shards) != len(devices):
         raise ValueError(
             f"`shards` and `devices` must be non-empty and of the same length (one shard per "
@@ -54,7 +55,7 @@ def replicate(
         )
     if current_tower() is not None:
         raise RuntimeError("towers.replicate was called inside a tower; towers do not nest.")
-    _check_devices_exist(devices)
+    check_devices_exist(devices)
     strategy = resolve_strategy(None, variable_strategy)
     results = []
     for i, (shard, device) in enumerate(zip(shards, devices)):
@@ -101,24 +102,3 @@ def resolve_strategy(model: Any, variable_strategy: VariableStrategy | None) -> 
     if tower is not None and tower.variable_strategy is not None:
         return tower.variable_strategy
     return ParameterServer()
-
-
-@tf.autograph.experimental.do_not_convert
-def _check_devices_exist(devices: list[str]) -> None:
-    """Checks local devices against `tf.config`, where TF2 code takes them from.
-
-    A v1 Session takes its devices from its own config instead, so graphs built outside
-    functions are not checked here; the session reports a missing device when it runs.
-    """
-    if not tf.compat.v1.executing_eagerly_outside_functions():
-        return
-    existing = {canonical_device(d) for d in tf.config.list_logical_devices()}
-    for device in devices:
-        spec = tf.DeviceSpec.from_string(device)
-        local = spec.replace(job=None, replica=None, task=None).to_string()
-        if spec.job in (None, "localhost") and local not in existing:
-            raise ValueError(
-                f"Device {device!r} in `devices` does not exist; this process has "
-                f"{sorted(existing)}. Use towers.list_devices(), or towers.simulate_devices "
-                "to make more logical devices."
-            )

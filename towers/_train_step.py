@@ -45,7 +45,25 @@ def tower_gradients(
     strategy = resolve_strategy(variables, variable_strategy)
     with tf.GradientTape() as tape:
         result = loss_fn(shard)
+    loss, outputs = _loss_and_outputs(result)
+    return loss, outputs, tape.gradient(loss, strategy.tower_variables(variables, current_tower()))
+
+
+@tf.autograph.experimental.do_not_convert
+def _loss_and_outputs(result: Any) -> tuple[tf.Tensor, Any]:
+    """`loss_fn`'s result as (a floating scalar loss, outputs or None), or a clear error."""
+    if isinstance(result, (tuple, list)) and len(result) != 2:
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard, or a pair (loss, outputs); got "
+            f"a {type(result).__name__} of {len(result)}. Group extra outputs: "
+            "`return loss, (logits, other)`."
+        )
     loss, outputs = result if isinstance(result, (tuple, list)) else (result, None)
+    if not isinstance(loss, (tf.Tensor, tf.Variable, float)):
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard as a floating scalar tensor (or "
+            f"a pair (loss, outputs)); got {type(loss).__name__}. Did it forget to return?"
+        )
     loss = tf.convert_to_tensor(loss)
     if loss.shape.rank != 0 or not loss.dtype.is_floating:
         raise ValueError(
@@ -53,7 +71,7 @@ def tower_gradients(
             f"pair (loss, outputs)); got {loss.dtype.name} of shape {loss.shape}. Reduce it "
             "with tf.reduce_mean."
         )
-    return loss, outputs, tape.gradient(loss, strategy.tower_variables(variables, current_tower()))
+    return loss, outputs
 
 
 @tf.autograph.experimental.do_not_convert
@@ -131,6 +149,7 @@ def train_step(
     tower_fn = functools.partial(tower_gradients, loss_fn, variables, variable_strategy=strategy)
     per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
     losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
+    _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
     reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
     updates = apply_reduced(reduced, optimizer, gradient_hook)
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
@@ -167,7 +186,7 @@ def apply_reduced(
         grads = copy.grads
         with device_scope(copy.device):
             if gradient_hook is not None:
-                grads = _checked(gradient_hook(grads, copy.variables), len(copy.variables))
+                grads = _checked(gradient_hook(grads, copy.variables), copy.variables)
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
             updates.append(optimizer.apply_gradients(pairs))
     return updates
@@ -201,13 +220,43 @@ def apply_replicated(
 
 
 @tf.autograph.experimental.do_not_convert
-def _checked(grads: Sequence, num_vars: int) -> list:
-    if not isinstance(grads, (list, tuple)) or len(grads) != num_vars:
+def _checked(grads: Sequence, variables: list[tf.Variable]) -> list:
+    """The hook's gradients, checked against the variables before any update is built."""
+    if not isinstance(grads, (list, tuple)) or len(grads) != len(variables):
         raise ValueError(
-            f"`gradient_hook` must return a list of {num_vars} gradients, one per variable; "
-            f"got {grads!r}."
+            f"`gradient_hook` must return a list of {len(variables)} gradients, one per "
+            f"variable; got {grads!r}."
         )
+    for grad, var in zip(grads, variables):
+        if grad is None:
+            continue
+        if not isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+            raise TypeError(
+                f"`gradient_hook` returned a {type(grad).__name__} for variable {var.name}; "
+                "return tf.Tensor, tf.IndexedSlices or None."
+            )
+        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+        shape = var.shape[1:] if isinstance(grad, tf.IndexedSlices) else var.shape
+        got = values.shape[1:] if isinstance(grad, tf.IndexedSlices) else values.shape
+        if values.dtype != var.dtype or not got.is_compatible_with(shape):
+            raise ValueError(
+                f"`gradient_hook` returned a {values.dtype.name}{values.shape} gradient for "
+                f"variable {var.name} of {var.dtype.name}{var.shape}; return one of the "
+                "variable's shape and dtype (cast with tf.cast), or None to skip it."
+            )
     return list(grads)
+
+
+@tf.autograph.experimental.do_not_convert
+def _check_some_gradient(grads: list, variables: list[tf.Variable]) -> None:
+    """Refuses a step in which no variable gets a gradient: it would do nothing, silently."""
+    if all(g is None for g in grads):
+        names = [v.name for v in variables]
+        raise ValueError(
+            f"No variable gets a gradient from the loss: {names}. The loss must be computed "
+            "from the trained variables (not from a copy, a constant or under "
+            "tf.stop_gradient); check that `loss_fn` calls the model it is given."
+        )
 
 
 @tf.autograph.experimental.do_not_convert

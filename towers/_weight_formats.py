@@ -1,62 +1,124 @@
-"""Weight file formats, chosen by suffix: `.npz`, `.h5`, otherwise a TensorFlow checkpoint."""
+"""Weight file formats, chosen by suffix: `.npz`, `.h5`/`.hdf5`, or a TensorFlow checkpoint.
 
-import contextlib
+Every format verifies its data when read: `.npz` members carry zip CRC-32s, `.h5` datasets
+written here a CRC-32 attribute, TensorFlow checkpoints their own CRC-32C per tensor. Names
+that some format cannot hold are refused before anything is written.
+"""
+
 import os
-import uuid
 import zipfile
+import zlib
 
 import numpy as np
 
-from towers._atomic_files import atomic_write, atomic_write_text, fsync_path
+from towers._atomic_files import atomic_write
+from towers._checkpoint_dirs import read_checkpoint, write_checkpoint
 from towers.ops._tensorflow import tf
 
-_MAGIC = {b"PK\x03\x04": ".npz", b"\x89HDF\r\n\x1a\n": ".h5"}
-_STATE_FILE = "checkpoint"  # what tf.train.latest_checkpoint reads in a directory
+SUFFIXES = {".npz": "npz", ".h5": "h5", ".hdf5": "h5", ".ckpt": "checkpoint", "": "checkpoint"}
+_MAGIC = {b"PK\x03\x04": "npz", b"\x89HDF\r\n\x1a\n": "h5"}
+_CRC = "towers_crc32"  # the attribute of an .h5 dataset holding its data's CRC-32
 
 
-def format_of(path: str) -> str:
-    """The format `path` names: ".npz", ".h5" or "" (a TensorFlow checkpoint directory)."""
+def format_of(path: str, *, writing: bool = True) -> str:
+    """The format `path` names: "npz", "h5" or "checkpoint".
+
+    Reading also accepts an existing TensorFlow checkpoint under any name (a directory, or a
+    prefix such as "model.ckpt-1000" with its ".index" file).
+
+    Raises:
+      ValueError: if the suffix names no format.
+    """
     suffix = os.path.splitext(path)[1].lower()
-    return suffix if suffix in (".npz", ".h5") else ""
+    if suffix in SUFFIXES:
+        return SUFFIXES[suffix]
+    if not writing and (os.path.isdir(path) or os.path.exists(path + ".index")):
+        return "checkpoint"
+    raise ValueError(
+        f"`path` {path!r} ends in {suffix!r}, which names no weights format. Use .npz (numpy), "
+        ".h5 or .hdf5 (HDF5), or no suffix or .ckpt for a TensorFlow checkpoint directory."
+    )
 
 
 def write(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """Writes `arrays` to `path` in the format its suffix names, atomically."""
-    suffix = format_of(path)
-    if suffix in (".npz", ".h5"):
-        for name, array in arrays.items():
-            if array.dtype.kind not in "biuf":
-                raise TypeError(
-                    f"Variable {name!r} is {array.dtype}, which {suffix} files cannot hold "
-                    "exactly. Save to a path without .npz/.h5 suffix (a TensorFlow checkpoint)."
-                )
-        atomic_write(path, lambda temp: _WRITERS[suffix](temp, arrays))
-    else:
-        _write_checkpoint(path, arrays)
+    """Writes `arrays` to `path` in the format its suffix names, atomically.
+
+    Raises:
+      ValueError: if the suffix names no format, a name cannot be held by it, or a checkpoint
+        directory would overwrite files `towers` did not write.
+      TypeError: if a dtype cannot be held exactly by the format.
+    """
+    fmt = format_of(path)
+    check_names(list(arrays), fmt)
+    if fmt == "checkpoint":
+        write_checkpoint(path, arrays)
+        return
+    for name, array in arrays.items():
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"Variable {name!r} is {array.dtype}, which .{fmt} files cannot hold exactly. "
+                "Save to a path without suffix or ending in .ckpt (a TensorFlow checkpoint)."
+            )
+    atomic_write(path, lambda temp: _WRITERS[fmt](temp, arrays))
+
+
+def check_names(names: list[str], fmt: str) -> None:
+    """Refuses names that some format cannot hold, and in .h5 a name inside another.
+
+    Raises:
+      ValueError: listing every such name.
+    """
+    bad = [n for n in names if not n or n.startswith("/") or n.endswith("/") or "//" in n]
+    bad += [n for n in names if n.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")]
+    if bad:
+        raise ValueError(
+            f"Weight names must be non-empty, neither start nor end with '/', hold no '//' and "
+            f"not start with '_CHECKPOINTABLE_OBJECT_GRAPH'; got {sorted(set(bad))}. Name the "
+            "variables with a dict target, e.g. {'dense/w': w}."
+        )
+    if fmt == "h5":
+        taken = set(names)
+        nested = sorted(
+            f"{prefix!r} and {name!r}"
+            for name in names
+            for prefix in _parents(name)
+            if prefix in taken
+        )
+        if nested:
+            raise ValueError(
+                f"An .h5 file cannot hold a name and a name inside it (a dataset is not a "
+                f"group): {', '.join(nested)}. Rename them, or save to .npz or a checkpoint."
+            )
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def read(path: str) -> dict[str, np.ndarray]:
-    """Reads every array of the weights file at `path`.
+    """Reads and verifies every array of the weights file at `path`.
 
     Raises:
       FileNotFoundError: if `path` does not exist.
-      ValueError: if the file is truncated, corrupt, or of another format than its suffix says.
+      ValueError: if the file is truncated, corrupt (a checksum differs), or of another format
+        than its suffix says, or the suffix names no format.
     """
-    suffix = format_of(path)
-    if not os.path.exists(path) and not (suffix == "" and os.path.exists(path + ".index")):
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"No weights file at {path!r}.")
+    fmt = format_of(path, writing=False)
     if os.path.isfile(path):
         with open(path, "rb") as f:
             head = f.read(8)
         found = next((s for magic, s in _MAGIC.items() if head.startswith(magic)), None)
-        if found != suffix:
-            described = f"{found} data" if found else "data of no known weights format"
+        if found != fmt:
+            described = f".{found} data" if found else "data of no known weights format"
             raise ValueError(
                 f"{path!r} holds {described}, not what its name says. Name .npz and .h5 files "
                 "by their content; a TensorFlow checkpoint is a directory or a prefix."
             )
     try:
-        return _READERS[suffix](path)
+        return _READERS[fmt](path)
     except (
         OSError,
         ValueError,
@@ -83,6 +145,7 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
+    # Reading a member whole checks its CRC-32 (zipfile raises BadZipFile on a mismatch).
     with np.load(path, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
     for name, array in arrays.items():
@@ -95,19 +158,28 @@ def _write_h5(path: str, arrays: dict[str, np.ndarray]) -> None:
     h5py = _h5py()
     with h5py.File(path, "w") as f:
         for name, array in arrays.items():
-            f.create_dataset(name, data=array)
+            dataset = f.create_dataset(name, data=array)
+            dataset.attrs[_CRC] = np.uint32(_crc32(array))
 
 
 def _read_h5(path: str) -> dict[str, np.ndarray]:
     h5py = _h5py()
     found = {}
+
+    def visit(name, node):
+        if isinstance(node, h5py.Dataset):
+            array = np.asarray(node[()])
+            if _CRC in node.attrs and int(node.attrs[_CRC]) != _crc32(array):
+                raise ValueError(f"the checksum of {name!r} does not match its data")
+            found[name] = array
+
     with h5py.File(path, "r") as f:
-        f.visititems(
-            lambda name, node: (
-                found.__setitem__(name, node[()]) if isinstance(node, h5py.Dataset) else None
-            )
-        )
-    return {name: np.asarray(value) for name, value in found.items()}
+        f.visititems(visit)
+    return found
+
+
+def _crc32(array: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(array).tobytes())
 
 
 def _h5py():
@@ -118,53 +190,5 @@ def _h5py():
     return h5py
 
 
-def _write_checkpoint(directory: str, arrays: dict[str, np.ndarray]) -> None:
-    """A TensorFlow checkpoint in `directory`, committed by rewriting its state file.
-
-    Each save writes a new uniquely named checkpoint, then atomically points the directory's
-    "checkpoint" state file at it, then deletes the checkpoint it replaced; a crash in between
-    leaves the state file naming a complete checkpoint.
-    """
-    if os.path.isfile(directory):
-        raise ValueError(
-            f"{directory!r} is a file; a path without .npz/.h5 suffix names a TensorFlow "
-            "checkpoint directory."
-        )
-    os.makedirs(directory, exist_ok=True)
-    prefix = f"weights-{uuid.uuid4().hex[:12]}"
-    names = list(arrays)
-    with tf.Graph().as_default() as graph:
-        feeds = [tf.compat.v1.placeholder(tf.as_dtype(a.dtype), a.shape) for a in arrays.values()]
-        save = tf.raw_ops.SaveV2(
-            prefix=os.path.join(directory, prefix),
-            tensor_names=names,
-            shape_and_slices=[""] * len(names),
-            tensors=feeds,
-        )
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(save, dict(zip(feeds, arrays.values())))
-    written = [n for n in os.listdir(directory) if n.startswith(prefix + ".")]
-    for name in written:
-        fsync_path(os.path.join(directory, name))
-    state = f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n'
-    atomic_write_text(os.path.join(directory, _STATE_FILE), state)
-    for name in os.listdir(directory):
-        if name.startswith("weights-") and not name.startswith(prefix + "."):
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(directory, name))
-
-
-def _read_checkpoint(path: str) -> dict[str, np.ndarray]:
-    prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
-    if prefix is None:
-        raise FileNotFoundError(f"{path!r} is a directory without a TensorFlow checkpoint.")
-    reader = tf.train.load_checkpoint(prefix)
-    return {
-        name: np.asarray(reader.get_tensor(name))
-        for name in sorted(reader.get_variable_to_shape_map())
-        if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")
-    }
-
-
-_WRITERS = {".npz": _write_npz, ".h5": _write_h5}
-_READERS = {".npz": _read_npz, ".h5": _read_h5, "": _read_checkpoint}
+_WRITERS = {"npz": _write_npz, "h5": _write_h5}
+_READERS = {"npz": _read_npz, "h5": _read_h5, "checkpoint": read_checkpoint}

@@ -36,20 +36,26 @@ class RestoreReport:
 def save_weights(target: Target, path: str, *, session: tf.compat.v1.Session | None = None) -> None:
     """Saves the variables of `target` under canonical, tower-free names.
 
-    The format follows the suffix: `.npz`, `.h5`, anything else a TensorFlow checkpoint
-    directory readable with `tf.train.load_checkpoint(path)`. The file is written under a
-    temporary name, flushed to disk and renamed into place: a crash leaves the old file whole.
+    The suffix picks the format: `.npz`; `.h5` or `.hdf5`; no suffix or `.ckpt` for a
+    TensorFlow checkpoint directory readable with `tf.train.load_checkpoint(path)`. A file is
+    written under a temporary name, flushed to disk and renamed into place: a crash leaves the
+    old file whole. A checkpoint directory is written only if it is new, empty, or written by
+    `towers` before; nothing `towers` did not write is ever overwritten or deleted.
 
     Args:
-      target: A `tf.Module` (names are attribute paths), a list of `tf.Variable`s or a dict
-        of name to variable.
+      target: A `tf.Module` (names are attribute paths), a list of `tf.Variable`s, a dict
+        of name to variable, a `towers.Replicated` (its first copy), or a `towers` optimizer.
       path: Where to write.
       session: For variables of a v1 graph, the session holding their values.
 
     Raises:
       TypeError: if `target` is of another type, or a dtype cannot be held by the format.
-      ValueError: if a list target has two variables of one name.
+      ValueError: if the suffix names no format, a name cannot be held by the formats (empty,
+        with "//", a leading or trailing "/"; in .h5 also a name inside another), a list
+        target has two variables of one name, or `path` is a directory of someone else's
+        files.
     """
+    _weight_formats.format_of(os.fspath(path))  # a bad suffix fails before anything is read
     variables = named_variables(target)
     _weight_formats.write(os.fspath(path), _values(variables, session))
 
@@ -65,7 +71,7 @@ def restore_weights(
 
     Args:
       target: As for `save_weights`.
-      path: A `.npz`, a `.h5`, or a TensorFlow checkpoint directory or prefix.
+      path: A `.npz`, a `.h5` or `.hdf5`, or a TensorFlow checkpoint directory or prefix.
       strict: Whether anything but an exact match is an error.
       session: For variables of a v1 graph, the session to assign them in.
 
@@ -112,14 +118,40 @@ def restore_arrays(
     session=None,
 ) -> RestoreReport:
     """Assigns `arrays` to every copy of the same-named variables (see `restore_weights`)."""
+    report = match_arrays(copies, arrays, where, strict=strict)
+    assign_arrays(copies, arrays, report, session)
+    return report
+
+
+def match_arrays(
+    copies: dict[str, tuple[tf.Variable, ...]],
+    arrays: dict[str, np.ndarray],
+    where: str,
+    *,
+    strict: bool = True,
+) -> RestoreReport:
+    """What restoring `arrays` into `copies` would do; assigns nothing.
+
+    Raises:
+      ValueError: (strict) listing every missing, unexpected or mismatched name.
+    """
     report = _match({name: c[0] for name, c in copies.items()}, arrays)
     if strict and not report.complete:
         raise ValueError(
             f"Weights in {where!r} do not match the target; nothing was restored."
             f"{_describe(report)}\nPass strict=False to load what matches."
         )
-    _assign({n: copies[n] for n in report.restored}, arrays, session)
     return report
+
+
+def assign_arrays(
+    copies: dict[str, tuple[tf.Variable, ...]],
+    arrays: dict[str, np.ndarray],
+    report: RestoreReport,
+    session=None,
+) -> None:
+    """Assigns the arrays `report` says match to every copy of their variables."""
+    _assign({n: copies[n] for n in report.restored}, arrays, session)
 
 
 def _values(variables: dict[str, tf.Variable], session) -> dict[str, np.ndarray]:

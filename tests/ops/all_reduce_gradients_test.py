@@ -124,6 +124,46 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
         bound = 4 * unit * np.mean([np.abs(g[0].numpy()) for g in grads], axis=0)
         self.assertTrue(np.all(np.abs(reduced[0][0].numpy() - exact) <= bound))
 
+    @parameterized.product(
+        algorithm=["reduce_broadcast", "ring", "collective"], mean=[3e4, 6.5e4], equal=[True, False]
+    )
+    def test_half_precision_transfer_overflows_only_where_the_mean_does(
+        self, algorithm, mean, equal
+    ):
+        """4 towers of 3e4 used to arrive as inf: the sum was cast, not the mean."""
+        devices = test_util.devices(4)
+        weights = [1, 1, 1, 1] if equal else [3, 2, 2, 1]
+        grads = [[tf.fill([16], mean)] for _ in devices]
+
+        @tf.function
+        def reduce():
+            return ops.all_reduce_gradients(
+                grads, devices, weights=weights, algorithm=algorithm, wire_dtype=tf.float16
+            )
+
+        bound = 4 * 2.0**-11 * mean  # K * u * sum_i |w_i g_i|
+        for tower in reduce():
+            self.assertTrue(np.all(np.isfinite(tower[0].numpy())))
+            self.assertAllClose(tower[0], np.full([16], mean), rtol=0, atol=bound)
+
+    def test_a_mean_beyond_the_wire_dtype_overflows_as_documented(self):
+        grads = [[tf.fill([4], 7e4)] for _ in range(2)]
+        reduced = ops.all_reduce_gradients(
+            grads, test_util.devices(2), algorithm="ring", wire_dtype=tf.float16
+        )
+        self.assertTrue(np.all(np.isinf(reduced[0][0].numpy())))
+
+    def test_options_are_checked(self):
+        grads = [[tf.ones([2])]] * 2
+        devices = test_util.devices(2)
+        for kwargs, message in [
+            ({"bucket_bytes": 0}, "`bucket_bytes` must be a positive int .* got 0"),
+            ({"wire_dtype": tf.int8}, "`wire_dtype` must be None, tf.float16 or tf.bfloat16"),
+            ({"sparse": "bogus"}, r"`sparse` must be one of \('gather', 'dense'\); got 'bogus'"),
+        ]:
+            with self.assertRaisesRegex(ValueError, message):
+                ops.all_reduce_gradients(grads, devices, **kwargs)
+
     def test_half_precision_gradients_keep_their_dtype(self):
         grads = [[tf.constant([60000.0], tf.float16)]] * 2
         reduced = ops.all_reduce_gradients(grads, test_util.devices(2), algorithm="ring")

@@ -134,9 +134,19 @@ class SplitBatchTest(tf.test.TestCase, parameterized.TestCase):
     )
     def test_non_tensor_leaves(self, leaf, type_name):
         with self.assertRaisesRegex(
-            TypeError, rf"must be a tf.Tensor; got {type_name} at `inputs\['bad'\]"
+            TypeError, rf"must be a dense tf.Tensor; got {type_name} at `inputs\['bad'\]"
         ):
             ops.split_batch({"good": tf.zeros([4]), "bad": leaf}, 2)
+
+    def test_ragged_and_sparse_inputs_get_a_fix_that_works(self):
+        ragged = tf.ragged.constant([[1, 2], [3], [4, 5, 6], [7]])
+        with self.assertRaisesRegex(TypeError, r"got RaggedTensor at `inputs\[0\]`.*to_tensor"):
+            ops.split_batch((ragged, tf.zeros([4])), 2)
+        self.assertLen(ops.split_batch((ragged.to_tensor(), tf.zeros([4])), 2), 2)  # the fix
+        sparse = tf.sparse.from_dense(tf.eye(4))
+        with self.assertRaisesRegex(TypeError, r"got SparseTensor at `inputs`.*sparse.to_dense"):
+            ops.split_batch(sparse, 2)
+        self.assertLen(ops.split_batch(tf.sparse.to_dense(sparse), 2), 2)
 
     def test_scalar_leaf(self):
         with self.assertRaisesRegex(ValueError, r"`inputs\[1\]` is a scalar"):

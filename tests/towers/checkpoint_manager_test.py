@@ -1,5 +1,10 @@
 import json
 import os
+import random
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -81,8 +86,11 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
             sorted(os.listdir(self.get_temp_dir())),
             [
                 "checkpoints.json",
+                "checkpoints.lock",
+                "ckpt-00000009.json",
                 "ckpt-00000009.state.npz",
                 "ckpt-00000009.weights.npz",
+                "ckpt-00000012.json",
                 "ckpt-00000012.state.npz",
                 "ckpt-00000012.weights.npz",
             ],
@@ -104,7 +112,10 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(manager.best_weights.endswith(f"best-{best_step:08d}.weights.npz"))
         self.assertAllEqual(towers.read_weights(manager.best_weights)["w1"], best_w1)
         bests = [n for n in os.listdir(self.get_temp_dir()) if n.startswith("best-")]
-        self.assertLen(bests, 1)
+        self.assertCountEqual(
+            bests, [f"best-{best_step:08d}.weights.npz", f"best-{best_step:08d}.json"]
+        )
+        manager.close()
         again = towers.CheckpointManager(self.get_temp_dir(), model, monitor=monitor)
         self.assertEqual(again.best_value, best_value)  # a resumed run keeps comparing
 
@@ -125,21 +136,49 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
             with self.assertRaisesRegex(ValueError, message):
                 towers.CheckpointManager(self.get_temp_dir(), [], **kwargs)
 
-    def test_corrupt_index(self):
-        with open(os.path.join(self.get_temp_dir(), "checkpoints.json"), "w") as f:
-            f.write("{not json")
-        with self.assertRaisesRegex(ValueError, "checkpoint index .* is corrupt"):
-            towers.CheckpointManager(self.get_temp_dir(), [])
-        with open(os.path.join(self.get_temp_dir(), "checkpoints.json"), "w") as f:
-            f.write('{"checkpoints": []}')
-        with self.assertRaisesRegex(ValueError, r"is corrupt \(keys missing\)"):
-            towers.CheckpointManager(self.get_temp_dir(), [])
+    def test_a_lost_or_corrupt_index_is_rebuilt_from_the_checkpoints(self):
+        directory = self.get_temp_dir()
+        model, manager = self._manager(every_n_steps=1, keep_last=2, monitor="min")
+        for step, value in enumerate([3.0, 1.0, 2.0, 2.5], 1):
+            model.w1.assign_add(tf.ones_like(model.w1))
+            manager.step_end(step, value=value)
+        files = sorted(os.listdir(directory))
+        manager.close()
+        index = os.path.join(directory, "checkpoints.json")
+        for damage in ("delete", "{not json", '{"checkpoints": []}', "[]"):
+            if damage == "delete":
+                os.remove(index)
+            else:
+                with open(index, "w") as f:
+                    f.write(damage)
+            manager = towers.CheckpointManager(directory, model, monitor="min", keep_last=2)
+            self.assertEqual(manager.steps, [3, 4])
+            self.assertEqual(manager.best_value, 1.0)
+            self.assertEqual(
+                towers.read_weights(manager.best_weights)["w1"][0, 0], model.w1.numpy()[0, 0] - 2
+            )
+            self.assertEqual(manager.restore_latest(), 4)
+            manager.close()
+        self.assertEqual(sorted(os.listdir(directory)), files)  # nothing was deleted
+        manager = towers.CheckpointManager(directory, model, monitor="min", keep_last=2)
+        manager.save(5, value=4.0)
+        self.assertEqual(manager.steps, [4, 5])
+        self.assertEqual(manager.best_value, 1.0)  # the best file survives the next save
+        self.assertTrue(os.path.exists(manager.best_weights))
 
-    def test_index_only_names_complete_checkpoints(self):
+    def test_a_foreign_file_with_a_record_name_is_not_a_checkpoint(self):
+        directory = self.get_temp_dir()
+        with open(os.path.join(directory, "ckpt-00000003.json"), "w") as f:
+            f.write("my notes, not a record")
+        _, manager = self._manager()
+        self.assertEqual(manager.steps, [])
+        self.assertEqual(manager.restore_latest(), 0)
+
+    def test_only_recorded_saves_count_and_killed_ones_are_cleaned_up(self):
         _, manager = self._manager()
         killed = os.path.join(self.get_temp_dir(), "ckpt-00000009.weights.npz")
         with open(killed, "wb") as f:
-            f.write(b"a save killed before its index was written")
+            f.write(b"a save killed before its record was written")
         mine = os.path.join(self.get_temp_dir(), "notes.txt")
         open(mine, "w").close()
         manager.save(7)
@@ -160,6 +199,167 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         state = towers.read_weights(os.path.join(self.get_temp_dir(), "ckpt-00000007.state.npz"))
         self.assertEqual(int(state["__step__"]), 7)
         self.assertEqual(state["__step__"].dtype, np.int64)
+
+
+_RESAVER = """
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import numpy as np, tensorflow as tf, towers
+model = {"w": tf.Variable(np.zeros([128, 128], np.float32))}
+state = {"m": tf.Variable(np.zeros([128, 128], np.float32))}
+manager = towers.CheckpointManager(sys.argv[1], model, state, keep_last=2, suffix=sys.argv[2])
+manager.save(4)
+i = 0
+while True:
+    i += 1
+    model["w"].assign(tf.fill([128, 128], float(i)))
+    state["m"].assign(tf.fill([128, 128], float(i)))
+    manager.save(5)  # the same step, again and again
+    if i == 1:
+        print("ready", flush=True)
+"""
+
+_HOLDER = """
+import sys, time
+import towers
+manager = towers.CheckpointManager(sys.argv[1], [])
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def _spawn(code, *args):
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return child, child.stdout.readline().strip()
+
+
+class FaultTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(".npz", ".ckpt")
+    def test_a_resave_killed_at_any_moment_leaves_one_whole_save(self, suffix):
+        directory = os.path.join(self.get_temp_dir(), suffix)
+        rng = random.Random(1)
+        interrupted = 0
+        for _ in range(10):  # until two kills landed mid-save; at most 10
+            if interrupted >= 2:
+                break
+            child, line = _spawn(_RESAVER, directory, suffix)
+            self.assertEqual(line, "ready")
+            time.sleep(rng.uniform(0.05, 0.5))
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+            step5 = [n for n in os.listdir(directory) if n.startswith("ckpt-00000005")]
+            interrupted += len(step5) > 3  # more than one save's weights, state and record
+            model = {"w": tf.Variable(np.zeros([128, 128], np.float32))}
+            state = {"m": tf.Variable(np.zeros([128, 128], np.float32))}
+            with towers.CheckpointManager(directory, model, state, suffix=suffix) as manager:
+                self.assertEqual(manager.steps, [4, 5])
+                self.assertEqual(manager.restore_latest(), 5)
+            values = {float(v) for v in np.unique(model["w"])} | set(np.unique(state["m"]))
+            self.assertLen(values, 1, f"weights and state of different saves: {values}")
+        self.assertGreater(interrupted, 0)  # the kills did land mid-save: not vacuous
+
+    def test_one_writer_per_directory(self):
+        directory = self.get_temp_dir()
+        first = towers.CheckpointManager(directory, [])
+        with self.assertRaisesRegex(
+            RuntimeError,
+            rf"{directory!r} is being written by another CheckpointManager \(pid "
+            rf"{os.getpid()} on .*\); one writer per directory",
+        ):
+            towers.CheckpointManager(directory, [])
+        first.close()
+        with self.assertRaisesRegex(RuntimeError, "is closed"):
+            first.save(1)
+        towers.CheckpointManager(directory, []).close()
+        child, line = _spawn(_HOLDER, directory)
+        try:
+            self.assertEqual(line, "locked")
+            with self.assertRaisesRegex(RuntimeError, rf"\(pid {child.pid} on "):
+                towers.CheckpointManager(directory, [])
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        towers.CheckpointManager(directory, []).close()  # a killed holder leaves no lock
+
+    def test_restore_is_all_or_nothing(self):
+        directory = self.get_temp_dir()
+        _run(directory, 2, 0, 5, 0.9, {"every_n_steps": 5})
+        model = test_util.Model()
+        model(test_util.batch(1)[0])
+        before = [v.numpy() for v in model.variables]
+        with towers.CheckpointManager(directory, model, towers.SGD(0.1)) as manager:  # no momentum
+            with self.assertRaisesRegex(
+                ValueError, r"(?s)nothing was restored.*unexpected in the file: slots/b1"
+            ):
+                manager.restore_latest()
+            for got, want in zip(model.variables, before):
+                self.assertAllEqual(got, want)
+            self.assertEqual(manager.restore_latest(strict=False), 5)
+        self.assertNotAllClose(model.w1, before[3])
+
+    def test_arguments_are_checked_where_given(self):
+        model = test_util.Model()
+        model(test_util.batch(1)[0])
+        with self.assertRaisesRegex(TypeError, "optimizer's state as variables.*got object"):
+            towers.CheckpointManager(self.get_temp_dir(), model, object())
+        with towers.CheckpointManager(self.get_temp_dir(), model) as manager:
+            for step in (1.5, -5, "3", True):
+                with self.assertRaisesRegex(ValueError, "`step` must be an int >= 0"):
+                    manager.save(step)
+                with self.assertRaisesRegex(ValueError, "`step` must be an int >= 0"):
+                    manager.step_end(step)
+            self.assertEqual(manager.steps, [])
+
+    def test_a_resave_replaces_the_step_and_keeps_one_copy(self):
+        model = {"w": tf.Variable(1.0)}
+        with towers.CheckpointManager(self.get_temp_dir(), model) as manager:
+            manager.save(3)
+            model["w"].assign(2.0)
+            path = manager.save(3)
+            self.assertEqual(manager.steps, [3])
+            self.assertEqual(float(towers.read_weights(path)["w"]), 2.0)
+            self.assertEqual(
+                sorted(n for n in os.listdir(self.get_temp_dir()) if n.startswith("ckpt")),
+                [
+                    "ckpt-00000003.1.json",
+                    "ckpt-00000003.1.state.npz",
+                    "ckpt-00000003.1.weights.npz",
+                ],
+            )
+            model["w"].assign(0.0)
+            self.assertEqual(manager.restore_latest(), 3)
+        self.assertEqual(float(model["w"]), 2.0)
+
+    def test_a_directory_of_the_previous_version_is_adopted(self):
+        directory = self.get_temp_dir()
+        model = {"w": tf.Variable(7.0)}
+        towers.save_weights(model, os.path.join(directory, "ckpt-00000006.weights.npz"))
+        towers.save_weights(
+            {"__step__": tf.Variable(np.int64(6))},
+            os.path.join(directory, "ckpt-00000006.state.npz"),
+        )
+        index = {
+            "checkpoints": [
+                {
+                    "step": 6,
+                    "weights": "ckpt-00000006.weights.npz",
+                    "state": "ckpt-00000006.state.npz",
+                }
+            ],
+            "best": None,
+        }
+        with open(os.path.join(directory, "checkpoints.json"), "w") as f:
+            json.dump(index, f)
+        model["w"].assign(0.0)
+        with towers.CheckpointManager(directory, model) as manager:
+            self.assertEqual(manager.restore_latest(), 6)
+        self.assertEqual(float(model["w"]), 7.0)
+        self.assertIn("ckpt-00000006.json", os.listdir(directory))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,22 @@ class ParameterServerTest(tf.test.TestCase):
         self.assertEqual([test_util.local_device(v.device) for v in created], test_util.devices(2))
         self.assertEqual(list(strategy.load().values()), [32, 16])
 
+    def test_a_device_that_does_not_exist_is_an_error_when_towers_are_built(self):
+        strategy = towers.ParameterServer(devices=["/cpu:0", "/gpu:3"])
+        model = test_util.Model()
+        with self.assertRaisesRegex(
+            ValueError, r"'/device:GPU:3' in `ParameterServer\(devices=...\)` does not exist"
+        ):
+            towers.train_step(
+                test_util.loss_fn(model),
+                model,
+                towers.SGD(0.1),
+                test_util.batch(4),
+                test_util.devices(2),
+                variable_strategy=strategy,
+            )
+        self.assertEqual(model.variables, ())  # nothing was created on CPU:0 instead
+
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"at least one device; got \[\]"):
             towers.ParameterServer([])

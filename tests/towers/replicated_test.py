@@ -198,6 +198,23 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         replicas.broadcast()
         towers.check_replicas_identical(replicas)
 
+    def test_arguments_are_checked_where_given(self):
+        devices = test_util.devices(2)
+        for kwargs, error, message in [
+            ({"sparse": "bogus"}, ValueError, r"`sparse` must be one of .* got 'bogus'"),
+            ({"bucket_bytes": 0}, ValueError, "`bucket_bytes` must be a positive int"),
+            ({"wire_dtype": tf.int8}, ValueError, "`wire_dtype` must be None, tf.float16"),
+            ({"all_reduce": "fast"}, ValueError, r"`algorithm` must be one of \('auto'"),
+        ]:
+            with self.assertRaisesRegex(error, message):
+                towers.Replicated(_build(), devices, **kwargs)
+        with self.assertRaisesRegex(ValueError, r"Device '/device:CPU:9' in `devices` does not"):
+            towers.Replicated(_build(), ["/cpu:0", "/cpu:9"])
+        with self.assertRaisesRegex(TypeError, "got the single device '/cpu:1'"):
+            towers.Replicated(_build(), "/cpu:1")
+        with self.assertRaisesRegex(TypeError, "`build` must be a function"):
+            towers.Replicated(_build()(), devices)
+
     def test_bad_inputs(self):
         with self.assertRaisesRegex(ValueError, "distinct and non-empty"):
             towers.Replicated(_build(), ["/cpu:1", "/cpu:1"])

@@ -25,6 +25,19 @@ class SGDTest(tf.test.TestCase):
         self.assertEqual(list(sgd.slots), [var.name.split(":")[0]])
         self.assertLen(sgd.variables, 1)
 
+    def test_bad_learning_rates(self):
+        for rate, error, message in [
+            ("fast", TypeError, "`learning_rate` must be a number, .* got 'fast'"),
+            (None, TypeError, "`learning_rate` must be a number"),
+            (-0.1, ValueError, "`learning_rate` must be >= 0; got -0.1"),
+            (tf.constant([0.1, 0.2]), TypeError, r"floating scalar; got float32 of shape \(2,\)"),
+        ]:
+            with self.assertRaisesRegex(error, message):
+                towers.SGD(rate)
+        with self.assertRaisesRegex(TypeError, "`momentum` must be a number"):
+            towers.SGD(0.1, momentum="0.9")
+        towers.SGD(tf.Variable(0.1))  # a variable (a schedule written by hand) is fine
+
     def test_bad_momentum(self):
         with self.assertRaisesRegex(ValueError, "got momentum=1.0"):
             towers.SGD(0.1, momentum=1.0)

@@ -97,6 +97,17 @@ class ReplicateTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, "`fn` must be callable; got 3"):
             towers.replicate(3, [1], ["/cpu:0"])
 
+    def test_one_device_name_is_not_split_into_characters(self):
+        with self.assertRaisesRegex(
+            TypeError, r"got the single device '/cpu:0'. Pass \['/cpu:0'\]"
+        ):
+            towers.replicate(tf.identity, [1.0], "/cpu:0")
+        model = test_util.Model()
+        with self.assertRaisesRegex(TypeError, "`devices` must be a list of devices"):
+            towers.train_step(
+                test_util.loss_fn(model), model, towers.SGD(0.1), test_util.batch(6), "/cpu:0"
+            )
+
     def test_v1_graph_and_session_place_each_tower_on_its_device(self):
         """Checks where ops actually ran (step stats), not only where they were asked to."""
         devices = test_util.devices(3)

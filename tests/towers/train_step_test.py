@@ -97,6 +97,65 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
                 gradient_hook=lambda grads, variables: grads[:2],
             )
 
+    @parameterized.parameters(
+        ((3, 2), tf.float32, r"float32\(3, 2\) gradient for variable w1:0 of float32\(10, 8\)"),
+        ((10, 8), tf.float16, r"float16\(10, 8\) gradient for variable w1:0 of float32"),
+    )
+    def test_gradient_hook_returning_a_wrong_shape_or_dtype(self, shape, dtype, message):
+        model = test_util.Model()
+        model(test_util.batch(1)[0])
+        before = [v.numpy() for v in model.variables]
+
+        def bad(grads, variables):
+            return [
+                tf.zeros(shape, dtype) if v.name == "w1:0" else g for g, v in zip(grads, variables)
+            ]
+
+        step = tf.function(
+            lambda b: towers.train_step(
+                test_util.loss_fn(model),
+                model,
+                towers.SGD(0.1, momentum=0.9),
+                b,
+                test_util.devices(2),
+                gradient_hook=bad,
+            )
+        )
+        with self.assertRaisesRegex(ValueError, message):
+            step(test_util.batch(4))
+        for got, want in zip(model.variables, before):  # refused before anything ran
+            self.assertAllEqual(got, want)
+
+    def test_no_variable_gets_a_gradient(self):
+        model = test_util.Model()
+
+        def constant_loss(batch):
+            model(batch[0])
+            return tf.constant(1.0)
+
+        with self.assertRaisesRegex(
+            ValueError, r"No variable gets a gradient from the loss: \['b1:0', 'embedding:0'"
+        ):
+            towers.train_step(
+                constant_loss, model, towers.SGD(0.1), test_util.batch(4), test_util.devices(2)
+            )
+
+    @parameterized.parameters(
+        (lambda out: None, "got NoneType. Did it forget to return"),
+        (lambda out: (out[0], out[1], out[1]), "a pair \\(loss, outputs\\); got a tuple of 3"),
+        (lambda out: "loss", "floating scalar tensor .* got str"),
+    )
+    def test_loss_fn_returning_something_else(self, transform, message):
+        model = test_util.Model()
+
+        def loss_fn(batch):
+            return transform(test_util.loss_fn(model)(batch))
+
+        with self.assertRaisesRegex(ValueError, message):
+            towers.train_step(
+                loss_fn, model, towers.SGD(0.1), test_util.batch(4), test_util.devices(2)
+            )
+
     def test_loss_must_be_a_scalar(self):
         model = test_util.Model()
 

@@ -275,6 +275,101 @@ class BadFilesTest(tf.test.TestCase, parameterized.TestCase):
             towers.restore_weights(_built_model(), self.get_temp_dir())
 
 
+class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
+    """Saving never touches what towers did not write; bad names fail before any write."""
+
+    def test_a_folder_of_someone_elses_files_is_refused_and_left_alone(self):
+        folder = os.path.join(self.get_temp_dir(), "results")
+        os.mkdir(folder)
+        notes = os.path.join(folder, "weights-final.csv")
+        with open(notes, "w") as f:
+            f.write("epoch,loss\n")
+        with self.assertRaisesRegex(
+            ValueError, r"holds files towers did not write \(weights-final.csv\).*never "
+        ):
+            towers.save_weights(_built_model(), folder)
+        self.assertEqual(os.listdir(folder), ["weights-final.csv"])
+
+    def test_a_tf_train_checkpoint_folder_is_refused_and_left_alone(self):
+        folder = os.path.join(self.get_temp_dir(), "tf_ckpt")
+        tf.train.Checkpoint(v=tf.Variable(3.0)).save(os.path.join(folder, "ckpt"))
+        before = {n: open(os.path.join(folder, n), "rb").read() for n in os.listdir(folder)}
+        latest = tf.train.latest_checkpoint(folder)
+        with self.assertRaisesRegex(ValueError, "holds files towers did not write"):
+            towers.save_weights(_built_model(), folder)
+        after = {n: open(os.path.join(folder, n), "rb").read() for n in os.listdir(folder)}
+        self.assertEqual(after, before)
+        self.assertEqual(tf.train.latest_checkpoint(folder), latest)
+
+    def test_only_its_own_files_are_replaced_in_its_own_folder(self):
+        folder = os.path.join(self.get_temp_dir(), "mine.ckpt")
+        towers.save_weights(_built_model(), folder)
+        notes = os.path.join(folder, "notes.txt")
+        open(notes, "w").close()
+        towers.save_weights(_built_model(seed=3), folder)
+        self.assertTrue(os.path.exists(notes))
+        self.assertIn("towers-weights.json", os.listdir(folder))
+        self.assertAllEqual(towers.read_weights(folder)["w1"], _built_model(seed=3).w1)
+
+    @parameterized.parameters("w.weights", "w.csv", "model.v2", "w.pt")
+    def test_unknown_suffixes_are_refused(self, name):
+        path = os.path.join(self.get_temp_dir(), name)
+        with self.assertRaisesRegex(ValueError, r"names no weights format. Use .npz .*\.ckpt"):
+            towers.save_weights(_built_model(), path)
+        self.assertFalse(os.path.exists(path))
+
+    @parameterized.parameters("w.hdf5", "w.ckpt", "W.NPZ")
+    def test_documented_suffixes(self, name):
+        path = os.path.join(self.get_temp_dir(), name)
+        towers.save_weights(_built_model(), path)
+        self.assertTrue(towers.restore_weights(_built_model(seed=2), path).complete)
+
+    @parameterized.product(
+        name=["", "a//b", "x/", "/x", "_CHECKPOINTABLE_OBJECT_GRAPH"], path=FORMATS
+    )
+    def test_names_no_format_can_hold(self, name, path):
+        path = os.path.join(self.get_temp_dir(), path)
+        with self.assertRaisesRegex(ValueError, "Weight names must be non-empty"):
+            towers.save_weights({name: tf.Variable(1.0), "ok": tf.Variable(2.0)}, path)
+        self.assertFalse(os.path.exists(path))
+
+    def test_an_empty_name_never_aborts_the_process(self):
+        """It did: TensorFlow's checkpoint writer hits a CHECK failure (exit 134)."""
+        path = os.path.join(self.get_temp_dir(), "c")
+        out = test_util.run_python(
+            "import tensorflow as tf, towers\n"
+            "try:\n"
+            f"    towers.save_weights({{'': tf.Variable(1.0)}}, {path!r})\n"
+            "except ValueError as e:\n"
+            "    print('refused')\n"
+        )
+        self.assertEqual(out.strip(), "refused")
+
+    def test_h5_cannot_hold_a_name_inside_another(self):
+        variables = {"a": tf.Variable(1.0), "a/b": tf.Variable(2.0)}
+        path = os.path.join(self.get_temp_dir(), "w.h5")
+        with self.assertRaisesRegex(ValueError, r"a name inside it .*'a' and 'a/b'"):
+            towers.save_weights(variables, path)
+        towers.save_weights(variables, os.path.join(self.get_temp_dir(), "w.npz"))  # fine there
+
+    @parameterized.parameters(*FORMATS)
+    def test_one_flipped_data_byte_is_an_error_and_nothing_is_assigned(self, name):
+        values = np.arange(1000, dtype=np.float32)
+        path = os.path.join(self.get_temp_dir(), name)
+        towers.save_weights({"a": tf.Variable(values)}, path)
+        victim = path
+        if os.path.isdir(path):
+            victim = next(os.path.join(path, n) for n in os.listdir(path) if ".data-" in n)
+        data = bytearray(open(victim, "rb").read())
+        data[bytes(data).find(np.float32(500.0).tobytes())] ^= 0x01  # 500.0 -> 500.00003
+        with open(victim, "wb") as f:
+            f.write(bytes(data))
+        target = {"a": tf.Variable(np.zeros(1000, np.float32))}
+        with self.assertRaisesRegex(ValueError, "truncated or corrupt"):
+            towers.restore_weights(target, path)
+        self.assertAllEqual(target["a"], np.zeros(1000))
+
+
 _SAVER = """
 import os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"

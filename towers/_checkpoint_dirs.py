@@ -1,0 +1,95 @@
+"""The TensorFlow-checkpoint weights format: a directory `tf.train.load_checkpoint` reads.
+
+A directory is written only when it is new or empty, or was written by `towers` before (it
+holds the marker file, or only files of the names written here); only files of those names
+are ever replaced or removed, so a user's folder (a `tf.train` checkpoint, notes, data) is
+never touched.
+"""
+
+import contextlib
+import json
+import os
+import re
+import uuid
+
+import numpy as np
+
+from towers._atomic_files import atomic_write_text, fsync_path
+from towers.ops._tensorflow import tf
+
+MARKER = "towers-weights.json"  # says: towers wrote this directory
+_STATE_FILE = "checkpoint"  # what tf.train.latest_checkpoint reads in a directory
+_OURS = re.compile(r"weights-[0-9a-f]{12}\..+")  # the files of one save
+_WRITTEN_HERE = re.compile(  # ... and their temporaries (see atomic_write)
+    rf"\.?({re.escape(MARKER)}|{_STATE_FILE})(\.\d+\.\w{{8}}\.tmp)?|weights-[0-9a-f]{{12}}\..+"
+)
+
+
+def write_checkpoint(directory: str, arrays: dict[str, np.ndarray]) -> None:
+    """Writes a TensorFlow checkpoint into `directory`, committed by rewriting its state file.
+
+    Each save writes a new uniquely named checkpoint, then atomically points the directory's
+    "checkpoint" state file at it, then deletes the files of the checkpoint it replaced; a
+    crash in between leaves the state file naming a complete checkpoint.
+
+    Raises:
+      ValueError: if `directory` is a file, or a directory holding files `towers` did not
+        write.
+    """
+    _claim(directory)
+    prefix = f"weights-{uuid.uuid4().hex[:12]}"
+    names = list(arrays)
+    with tf.Graph().as_default() as graph:
+        feeds = [tf.compat.v1.placeholder(tf.as_dtype(a.dtype), a.shape) for a in arrays.values()]
+        save = tf.raw_ops.SaveV2(
+            prefix=os.path.join(directory, prefix),
+            tensor_names=names,
+            shape_and_slices=[""] * len(names),
+            tensors=feeds,
+        )
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(save, dict(zip(feeds, arrays.values())))
+    for name in os.listdir(directory):
+        if name.startswith(prefix + "."):
+            fsync_path(os.path.join(directory, name))
+    state = f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n'
+    atomic_write_text(os.path.join(directory, _STATE_FILE), state)
+    for name in os.listdir(directory):
+        if _OURS.fullmatch(name) and not name.startswith(prefix + "."):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, name))
+
+
+def read_checkpoint(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint in directory `path`, or at prefix `path`."""
+    prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
+    if prefix is None:
+        raise FileNotFoundError(f"{path!r} is a directory without a TensorFlow checkpoint.")
+    reader = tf.train.load_checkpoint(prefix)
+    return {
+        name: np.asarray(reader.get_tensor(name))
+        for name in sorted(reader.get_variable_to_shape_map())
+        if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")
+    }
+
+
+def _claim(directory: str) -> None:
+    """Makes sure `directory` is towers' to write: new, empty, or written by towers."""
+    if os.path.isfile(directory):
+        raise ValueError(
+            f"{directory!r} is a file; a path without suffix (or ending in .ckpt) names a "
+            "TensorFlow checkpoint directory. Use a .npz or .h5 path to write a file."
+        )
+    os.makedirs(directory, exist_ok=True)
+    entries = sorted(os.listdir(directory))
+    foreign = [name for name in entries if not _WRITTEN_HERE.fullmatch(name)]
+    if MARKER not in entries and foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ValueError(
+            f"Cannot write weights into {directory!r}: it holds files towers did not write "
+            f"({shown}), and towers never overwrites or deletes them. Save into a new or "
+            "empty directory, or to a .npz or .h5 file."
+        )
+    if MARKER not in entries:
+        marker = {"written_by": "towers.save_weights", "format": "TensorFlow checkpoint"}
+        atomic_write_text(os.path.join(directory, MARKER), json.dumps(marker) + "\n")
