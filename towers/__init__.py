@@ -15,6 +15,7 @@ number of towers.
 """
 
 from towers import ops  # first: gives the one clear message when TensorFlow is missing
+from towers._apply_reduced import apply_reduced, apply_replicated
 from towers._checkpoint_manager import CheckpointManager
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
 from towers._parameter_server import ParameterServer
@@ -23,13 +24,7 @@ from towers._replicated import Replicated
 from towers._sgd import SGD
 from towers._tower_builder import replicate
 from towers._tower_context import TowerContext, current_tower
-from towers._train_step import (
-    apply_reduced,
-    apply_replicated,
-    tower_gradients,
-    train_step,
-    variable_list,
-)
+from towers._train_step import tower_gradients, train_step, variable_list
 from towers._variable_strategy import ReducedGradients, VariableStrategy
 from towers._weight_targets import named_variables
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights

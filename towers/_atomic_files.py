@@ -7,6 +7,17 @@ import tempfile
 from collections.abc import Callable
 
 
+def as_path(path: object, argument: str = "path") -> str:
+    """`path` as a str, from a str or an `os.PathLike`.
+
+    Raises:
+      TypeError: for anything else, naming the argument.
+    """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"`{argument}` must be a str or os.PathLike; got {path!r}.")
+    return os.fspath(path)
+
+
 def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """Calls `write(temp_path)`, flushes it to disk and renames it to `path`.
 

@@ -81,23 +81,58 @@ def managed(directory: str) -> dict[str, tuple[str, int, int]]:
 
 
 def scan(directory: str) -> list[Record]:
-    """The complete saves in `directory`: records that parse and whose files all exist."""
-    records = []
+    """The complete saves in `directory`, from their records, and from their files alone.
+
+    A save whose record is lost is still whole when its files are: a checkpoint's state file
+    is written (atomically) after its weights, so weights with state are a complete
+    checkpoint, and a best weights file is whole once it exists; their monitored value is
+    unknown (None). Weights without state are a killed save (a TensorFlow checkpoint
+    directory counts once its "checkpoint" state file, written last, exists).
+    """
+    records, unrecorded = {}, {}
     for name, (kind, step, serial) in managed(directory).items():
-        if not name.endswith(".json"):
-            continue
-        try:
-            with open(os.path.join(directory, name)) as f:
-                fields = json.load(f)
-            fields.pop("written_by")
-            record = Record(**fields)
-        except (OSError, ValueError, TypeError, KeyError):
-            continue  # a foreign or damaged file: not a save of ours
-        if (record.kind, record.step, record.serial) != (kind, step, serial):
-            continue
-        if all(os.path.exists(os.path.join(directory, f)) for f in record.files):
-            records.append(record)
-    return sorted(records, key=lambda r: (r.step, r.serial))
+        if name.endswith(".json"):
+            record = _read_record(os.path.join(directory, name))
+            if record is not None and (record.kind, record.step, record.serial) == (
+                kind,
+                step,
+                serial,
+            ):
+                records[(kind, step, serial)] = record
+        else:
+            unrecorded.setdefault((kind, step, serial), []).append(name)
+    for (kind, step, serial), names in unrecorded.items():
+        weights = [n for n in names if ".weights" in n]
+        state = [n for n in names if ".state" in n]
+        if (kind, step, serial) not in records and weights and (state or kind == "best"):
+            records[(kind, step, serial)] = Record(
+                kind, step, serial, weights[0], state[0] if state else ""
+            )
+    complete = [
+        r for r in records.values() if all(_whole(os.path.join(directory, f)) for f in r.files[:-1])
+    ]
+    return sorted(complete, key=lambda r: (r.step, r.serial))
+
+
+def _whole(path: str) -> bool:
+    """Whether a weights or state file (written atomically) or directory is whole.
+
+    A checkpoint directory is whole once its "checkpoint" state file, written last, exists.
+    """
+    if os.path.isdir(path):
+        return os.path.exists(os.path.join(path, "checkpoint"))
+    return os.path.exists(path)
+
+
+def _read_record(path: str) -> Record | None:
+    """The record in file `path`, or None for a foreign or damaged file."""
+    try:
+        with open(path) as f:
+            fields = json.load(f)
+        fields.pop("written_by")
+        return Record(**fields)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def next_serial(directory: str, kind: str, step: int) -> int:
@@ -135,10 +170,10 @@ def write_index(directory: str, checkpoints: list[Record], best: Record | None) 
 
 
 def adopt_old_index(directory: str) -> list[Record]:
-    """Records for the complete checkpoints a towers 0.1 manager listed in its index.
+    """Writes records for the complete saves a towers 0.1 manager listed in its index.
 
-    That version wrote no records; its index was the only list. Without one (lost, corrupt)
-    there is nothing to adopt.
+    That version wrote no records: its index holds the monitored values. Without one (lost,
+    corrupt) `scan` still finds the saves, without values.
     """
     try:
         with open(os.path.join(directory, INDEX)) as f:

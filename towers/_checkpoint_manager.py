@@ -2,13 +2,12 @@
 
 import math
 import os
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from towers import _weight_formats
-from towers._atomic_files import atomic_write_text
+from towers._atomic_files import as_path, atomic_write_text
 from towers._checkpoint_files import (
     EXTENSIONS,
     LOCK,
@@ -24,10 +23,9 @@ from towers._checkpoint_files import (
     write_index,
 )
 from towers._directory_lock import DirectoryLock
-from towers._optimizer import StatefulOptimizer
+from towers._optimizer import StatefulOptimizer, check_checkpointable
 from towers._weight_targets import Target, named_variables, variable_copies
 from towers._weights_io import assign_arrays, match_arrays, save_weights
-from towers.ops._tensorflow import tf
 
 _STEP = "__step__"
 
@@ -99,13 +97,22 @@ class CheckpointManager:
             raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
         if suffix not in EXTENSIONS:
             raise ValueError(f"`suffix` must be one of {sorted(EXTENSIONS)}; got {suffix!r}.")
-        _check_optimizer(optimizer)
-        self.directory = os.fspath(directory)
+        check_checkpointable(optimizer)
+        self.directory = as_path(directory, "directory")
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise ValueError(
+                f"`directory` {self.directory!r} is a file; CheckpointManager needs a directory."
+            )
         self.model, self.optimizer = model, optimizer
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.monitor, self.suffix = monitor, suffix
         self._lock = DirectoryLock(self.directory, LOCK)
-        self._records = scan(self.directory) or adopt_old_index(self.directory)
+        if not any(name.endswith(".json") for name in managed(self.directory)):
+            adopt_old_index(self.directory)  # a towers 0.1 directory: its index has the values
+        self._records = scan(self.directory)
+        for record in self._records:  # saves whose record was lost describe themselves again
+            if not os.path.exists(self._path(record.name)):
+                atomic_write_text(self._path(record.name), to_json(record))
         self._checkpoints, self._best = kept(self._records, keep_last, monitor)
         write_index(self.directory, self._checkpoints, self._best)
 
@@ -152,7 +159,7 @@ class CheckpointManager:
         Raises:
           ValueError: as `save`.
         """
-        _check_step(step)
+        step = _check_step(step)
         if self.every_n_steps is None or step % self.every_n_steps:
             return False
         self.save(step, value)
@@ -176,16 +183,14 @@ class CheckpointManager:
             missing or not a finite number.
           RuntimeError: after `close()`.
         """
-        _check_step(step)
-        if self.monitor and (
-            _is_int(value) is False and not isinstance(value, float) or not math.isfinite(value)
-        ):
+        step, number = _check_step(step), _finite(value)
+        if self.monitor and number is None:
             raise ValueError(
                 f"`value` must be a finite number when monitor={self.monitor!r}; got {value!r}."
             )
         if not self._lock.held:
             raise RuntimeError(f"This CheckpointManager of {self.directory!r} is closed.")
-        value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        value = number
         saved = [self._write("ckpt", step, value)]
         if self.monitor and self._improves(value):
             saved.append(self._write("best", step, value))
@@ -267,21 +272,10 @@ class CheckpointManager:
         return os.path.join(self.directory, name)
 
 
-def _check_optimizer(optimizer: Any) -> None:
-    if optimizer is None or isinstance(optimizer, (StatefulOptimizer, tf.Module, Mapping)):
-        return
-    if isinstance(optimizer, Sequence) and all(isinstance(v, tf.Variable) for v in optimizer):
-        return
-    raise TypeError(
-        "CheckpointManager saves an optimizer's state as variables: give a towers optimizer "
-        "(towers.SGD), a tf.Module, or a list or dict of its variables (e.g. a Keras "
-        f"optimizer's `optimizer.variables`); got {type(optimizer).__name__}."
-    )
-
-
-def _check_step(step: Any) -> None:
+def _check_step(step: Any) -> int:
     if not _is_int(step) or step < 0:
         raise ValueError(f"`step` must be an int >= 0; got {step!r}.")
+    return int(step)
 
 
 def _finite(value: Any) -> float | None:

@@ -9,6 +9,7 @@
 """
 
 import abc
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from towers._variable_names import Copies
@@ -51,3 +52,20 @@ class StatefulOptimizer(abc.ABC):
         Returns:
           Name -> the state variable of each copy, the first replica's first.
         """
+
+
+def check_checkpointable(optimizer: Any) -> None:
+    """Refuses, when a manager is made, an optimizer whose state it could not save.
+
+    Raises:
+      TypeError: naming what is accepted.
+    """
+    if optimizer is None or isinstance(optimizer, (StatefulOptimizer, tf.Module, Mapping)):
+        return
+    if isinstance(optimizer, Sequence) and all(isinstance(v, tf.Variable) for v in optimizer):
+        return
+    raise TypeError(
+        "CheckpointManager saves an optimizer's state as variables: give a towers optimizer "
+        "(towers.SGD), a tf.Module, or a list or dict of its variables (e.g. a Keras "
+        f"optimizer's `optimizer.variables`); got {type(optimizer).__name__}."
+    )

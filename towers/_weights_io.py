@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from towers import _weight_formats
+from towers._atomic_files import as_path
 from towers._checkpoint_files import latest_checkpoint_file
 from towers._weight_targets import Target, named_variables, variable_copies
 from towers.ops._tensorflow import tf
@@ -55,9 +56,10 @@ def save_weights(target: Target, path: str, *, session: tf.compat.v1.Session | N
         target has two variables of one name, or `path` is a directory of someone else's
         files.
     """
-    _weight_formats.format_of(os.fspath(path))  # a bad suffix fails before anything is read
+    path = as_path(path)
+    _weight_formats.format_of(path)  # a bad suffix fails before anything is read
     variables = named_variables(target)
-    _weight_formats.write(os.fspath(path), _values(variables, session))
+    _weight_formats.write(path, _values(variables, session))
 
 
 def restore_weights(
@@ -83,7 +85,7 @@ def restore_weights(
       ValueError: if the file is corrupt or of another format than its suffix, or (strict) the
         names, shapes or dtypes do not match.
     """
-    path = os.fspath(path)
+    path = as_path(path)
     copies = variable_copies(target)
     try:
         arrays = _weight_formats.read(path)
@@ -106,7 +108,7 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
     Raises:
       FileNotFoundError, ValueError: as `restore_weights`.
     """
-    return _weight_formats.read(os.fspath(path))
+    return _weight_formats.read(as_path(path))
 
 
 def restore_arrays(

@@ -166,6 +166,29 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(manager.best_value, 1.0)  # the best file survives the next save
         self.assertTrue(os.path.exists(manager.best_weights))
 
+    def test_saves_whose_records_are_lost_are_found_by_their_files(self):
+        directory = self.get_temp_dir()
+        model, manager = self._manager(every_n_steps=1, keep_last=2, monitor="min")
+        for step, value in enumerate([3.0, 1.0, 2.0], 1):
+            model.w1.assign(tf.fill(model.w1.shape, float(step)))
+            manager.step_end(step, value=value)
+        manager.close()
+        for name in os.listdir(directory):
+            if name.endswith(".json"):  # the index and every record
+                os.remove(os.path.join(directory, name))
+        with open(os.path.join(directory, "ckpt-00000004.weights.npz"), "wb") as f:
+            f.write(b"weights of a save killed before its state was written")
+        with towers.CheckpointManager(directory, model, monitor="min", keep_last=2) as manager:
+            self.assertEqual(manager.steps, [2, 3])
+            self.assertTrue(manager.best_weights.endswith("best-00000002.weights.npz"))
+            self.assertIsNone(manager.best_value)  # the value was in the lost record
+            self.assertEqual(manager.restore_latest(), 3)
+            self.assertAllEqual(model.w1, tf.fill(model.w1.shape, 3.0))
+            self.assertIn("ckpt-00000003.json", os.listdir(directory))  # described again
+            manager.save(5, value=2.5)
+            self.assertEqual(manager.best_value, 2.5)
+        self.assertNotIn("ckpt-00000004.weights.npz", os.listdir(directory))
+
     def test_a_foreign_file_with_a_record_name_is_not_a_checkpoint(self):
         directory = self.get_temp_dir()
         with open(os.path.join(directory, "ckpt-00000003.json"), "w") as f:
@@ -314,6 +337,13 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
                 with self.assertRaisesRegex(ValueError, "`step` must be an int >= 0"):
                     manager.step_end(step)
             self.assertEqual(manager.steps, [])
+            manager.save(np.int64(100))  # numpy ints are steps too
+            self.assertEqual(manager.steps, [100])
+        a_file = os.path.join(self.get_temp_dir(), "checkpoints.json")
+        with self.assertRaisesRegex(ValueError, "`directory` .* is a file"):
+            towers.CheckpointManager(a_file, model)
+        with self.assertRaisesRegex(TypeError, "`directory` must be a str or os.PathLike"):
+            towers.CheckpointManager(3, model)
 
     def test_a_resave_replaces_the_step_and_keeps_one_copy(self):
         model = {"w": tf.Variable(1.0)}

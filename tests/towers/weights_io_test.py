@@ -311,6 +311,13 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("towers-weights.json", os.listdir(folder))
         self.assertAllEqual(towers.read_weights(folder)["w1"], _built_model(seed=3).w1)
 
+    def test_a_path_must_be_a_path(self):
+        for call in (towers.save_weights, towers.restore_weights):
+            with self.assertRaisesRegex(TypeError, "`path` must be a str or os.PathLike; got 3"):
+                call(_built_model(), 3)
+        with self.assertRaisesRegex(TypeError, "`path` must be a str or os.PathLike"):
+            towers.read_weights(None)
+
     @parameterized.parameters("w.weights", "w.csv", "model.v2", "w.pt")
     def test_unknown_suffixes_are_refused(self, name):
         path = os.path.join(self.get_temp_dir(), name)
