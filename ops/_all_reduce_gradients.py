@@ -43,10 +43,12 @@ def all_reduce_gradients(
       made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense.
     * float16/bfloat16 gradients are reduced in float32; `wire_dtype` instead sends float32
       values as float16/bfloat16 between devices (the plain-op algorithms still add in
-      float32). Each tower's gradient is scaled by its weight before it is cast, so only a
-      mean that does not fit the wire dtype can overflow (|partial sums| <= sum_i |w_i g_i|,
-      at most 65504 for float16); the error is at most K * u * sum_i |w_i g_i| per element,
-      u the wire dtype's unit roundoff (2**-11 for float16, 2**-8 for bfloat16).
+      float32). Each tower's gradient is scaled by its weight before it is cast (partial
+      sums stay within S = sum_i |w_i g_i|), so per element the error is at most
+      K * (u * S + m), u the wire dtype's unit roundoff (2**-11 float16, 2**-8 bfloat16) and
+      m half its smallest subnormal (2**-25 float16, 2**-134 bfloat16: float16 values below
+      about 3e-8 arrive as 0); it overflows only when S exceeds the largest finite value
+      / (1 + u)**K (65504 / (1 + 2**-11)**K for float16, e.g. 65376 for K = 4).
     * None in every tower stays None; None in some towers only is an error.
 
     Args:

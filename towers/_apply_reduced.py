@@ -27,14 +27,24 @@ def apply_reduced(
       The optimizer's updates, one per entry.
 
     Raises:
-      ValueError: if the hook returns the wrong number of gradients.
+      ValueError: if the hook returns the wrong number of gradients, or one of a wrong shape
+        or dtype (checked while the graph is built); rows of `tf.IndexedSlices` it returns
+        are checked when the step runs, before any variable changes.
+      TypeError: if the hook is not callable or returns something else than gradients.
     """
-    updates = []
+    if gradient_hook is not None and not callable(gradient_hook):
+        raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
+    hooked, checks = [], []
     for copy in reduced:
         grads = copy.grads
-        with device_scope(copy.device):
-            if gradient_hook is not None:
-                grads = _checked(gradient_hook(grads, copy.variables), copy.variables)
+        if gradient_hook is not None:
+            with device_scope(copy.device):
+                grads = gradient_hook(grads, copy.variables)
+                checks += _checked(grads, copy.grads, copy.variables)
+        hooked.append(grads)
+    updates = []
+    for copy, grads in zip(reduced, hooked):
+        with device_scope(copy.device), tf.control_dependencies(checks):
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
             updates.append(optimizer.apply_gradients(pairs))
     return updates
@@ -68,14 +78,20 @@ def apply_replicated(
 
 
 @tf.autograph.experimental.do_not_convert
-def _checked(grads: Sequence, variables: list[tf.Variable]) -> list:
-    """The hook's gradients, checked against the variables before any update is built."""
+def _checked(grads: Sequence, given: Sequence, variables: list[tf.Variable]) -> list:
+    """Checks the hook's gradients against the variables; returns the run-time checks.
+
+    Shapes and dtypes are checked now, while the graph is built. Rows of `tf.IndexedSlices`
+    the hook made (not those it was given) are checked when the step runs: every update
+    waits for these checks, so a bad row changes no variable.
+    """
     if not isinstance(grads, (list, tuple)) or len(grads) != len(variables):
         raise ValueError(
             f"`gradient_hook` must return a list of {len(variables)} gradients, one per "
             f"variable; got {grads!r}."
         )
-    for grad, var in zip(grads, variables):
+    checks = []
+    for grad, original, var in zip(grads, given, variables):
         if grad is None:
             continue
         if not isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
@@ -83,13 +99,38 @@ def _checked(grads: Sequence, variables: list[tf.Variable]) -> list:
                 f"`gradient_hook` returned a {type(grad).__name__} for variable {var.name}; "
                 "return tf.Tensor, tf.IndexedSlices or None."
             )
-        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-        shape = var.shape[1:] if isinstance(grad, tf.IndexedSlices) else var.shape
-        got = values.shape[1:] if isinstance(grad, tf.IndexedSlices) else values.shape
-        if values.dtype != var.dtype or not got.is_compatible_with(shape):
+        _check_shape(grad, var)
+        if isinstance(grad, tf.IndexedSlices) and grad is not original:
+            checks += _checked_rows(grad, var)
+    return checks
+
+
+def _check_shape(grad: tf.Tensor | tf.IndexedSlices, var: tf.Variable) -> None:
+    sparse = isinstance(grad, tf.IndexedSlices)
+    values = grad.values if sparse else grad
+    shape, got = (var.shape[1:], values.shape[1:]) if sparse else (var.shape, values.shape)
+    if values.dtype != var.dtype or not got.is_compatible_with(shape):
+        raise ValueError(
+            f"`gradient_hook` returned a {values.dtype.name}{values.shape} gradient for "
+            f"variable {var.name} of {var.dtype.name}{var.shape}; return one of the "
+            "variable's shape and dtype (cast with tf.cast), or None to skip it."
+        )
+    if sparse:
+        indices = grad.indices
+        rows_agree = indices.shape[:1].is_compatible_with(values.shape[:1])
+        if indices.dtype not in (tf.int32, tf.int64) or indices.shape.rank != 1 or not rows_agree:
             raise ValueError(
-                f"`gradient_hook` returned a {values.dtype.name}{values.shape} gradient for "
-                f"variable {var.name} of {var.dtype.name}{var.shape}; return one of the "
-                "variable's shape and dtype (cast with tf.cast), or None to skip it."
+                f"`gradient_hook` returned tf.IndexedSlices for variable {var.name} whose "
+                f"indices are {indices.dtype.name}{indices.shape} for values of shape "
+                f"{values.shape}; indices must be one int32 or int64 row index per value row."
             )
-    return list(grads)
+
+
+def _checked_rows(grad: tf.IndexedSlices, var: tf.Variable) -> list:
+    rows = tf.cast(tf.shape(var)[0], grad.indices.dtype)
+    message = f"`gradient_hook` returned row indices outside [0, rows) for variable {var.name}"
+    checks = [
+        tf.debugging.assert_non_negative(grad.indices, message=message),
+        tf.debugging.assert_less(grad.indices, rows, message=message),
+    ]
+    return [c for c in checks if c is not None]  # eagerly they ran (and passed) already

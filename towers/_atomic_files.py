@@ -46,22 +46,26 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
             os.remove(temp)
         raise
     fsync_path(directory)
-    remove_stale_temporaries(directory, base)
+    remove_stale_temporaries(directory, re.escape(base))
 
 
-def remove_stale_temporaries(directory: str, base: str) -> None:
-    """Removes the temporaries of `base` in `directory` whose writing process is gone."""
-    pattern = re.compile(rf"\.{re.escape(base)}\.(\d+)\.\w{{8}}\.tmp")  # mkstemp's names
-    for name in os.listdir(directory):
+def remove_stale_temporaries(directory: str, base_pattern: str) -> None:
+    """Removes `atomic_write`'s temporaries of dead processes in `directory`.
+
+    Only temporaries of files whose name matches `base_pattern` (a regular expression) are
+    considered, and only those whose writing process no longer runs are removed.
+    """
+    pattern = re.compile(rf"\.(?:{base_pattern})\.(?P<writer_pid>\d+)\.\w{{8}}\.tmp")
+    for name in os.listdir(directory):  # mkstemp's names: ".<base>.<pid>.<8 chars>.tmp"
         match = pattern.fullmatch(name)
-        if match and not _running(int(match.group(1))):
+        if match and not _running(int(match["writer_pid"])):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, name))
 
 
 def _running(pid: int) -> bool:
     if pid == os.getpid():
-        return False  # this process writes one file at a time: its own leftovers are stale
+        return True  # another thread of this process may be writing it (failures clean up)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

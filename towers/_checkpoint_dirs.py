@@ -15,28 +15,45 @@ import uuid
 import numpy as np
 
 from towers._atomic_files import atomic_write_text, fsync_path
+from towers._directory_lock import DirectoryLock
 from towers.ops._tensorflow import tf
 
 MARKER = "towers-weights.json"  # says: towers wrote this directory
+LOCK = ".towers-weights.lock"  # one save at a time
 _STATE_FILE = "checkpoint"  # what tf.train.latest_checkpoint reads in a directory
-_OURS = re.compile(r"weights-[0-9a-f]{12}\..+")  # the files of one save
-_WRITTEN_HERE = re.compile(  # ... and their temporaries (see atomic_write)
-    rf"\.?({re.escape(MARKER)}|{_STATE_FILE})(\.\d+\.\w{{8}}\.tmp)?|weights-[0-9a-f]{{12}}\..+"
+# The files of one save, and TensorFlow's temporaries of them.
+_OURS = re.compile(r"weights-[0-9a-f]{12}\.(index|data-\d{5}-of-\d{5})(\.tempstate\d+)?")
+# Everything a save writes here: the above, the marker, the lock, the state file and the
+# temporaries of the last two (see atomic_write).
+_WRITTEN_HERE = re.compile(
+    rf"{_OURS.pattern}|{re.escape(LOCK)}|\.?({re.escape(MARKER)}|{_STATE_FILE})"
+    r"(\.\d+\.\w{8}\.tmp)?"
 )
+_WAIT_SECONDS = 60.0  # for another save of the same directory to finish
 
 
 def write_checkpoint(directory: str, arrays: dict[str, np.ndarray]) -> None:
     """Writes a TensorFlow checkpoint into `directory`, committed by rewriting its state file.
 
     Each save writes a new uniquely named checkpoint, then atomically points the directory's
-    "checkpoint" state file at it, then deletes the files of the checkpoint it replaced; a
-    crash in between leaves the state file naming a complete checkpoint.
+    "checkpoint" state file at it, then deletes the files of the checkpoints it replaced; a
+    crash in between leaves the state file naming a complete checkpoint. Saves of one
+    directory take turns (an OS lock), so two writers never delete each other's files.
 
     Raises:
-      ValueError: if `directory` is a file, or a directory holding files `towers` did not
-        write.
+      ValueError: if `directory` is a file or a TensorFlow checkpoint prefix, or a directory
+        holding files `towers` did not write.
+      RuntimeError: if another save keeps the directory for over a minute.
     """
     _claim(directory)
+    lock = DirectoryLock(directory, LOCK, _WAIT_SECONDS, holder="another save_weights")
+    try:
+        _save(directory, arrays)
+    finally:
+        lock.release()
+
+
+def _save(directory: str, arrays: dict[str, np.ndarray]) -> None:
     prefix = f"weights-{uuid.uuid4().hex[:12]}"
     names = list(arrays)
     with tf.Graph().as_default() as graph:
@@ -61,16 +78,28 @@ def write_checkpoint(directory: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def read_checkpoint(path: str) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint in directory `path`, or at prefix `path`."""
-    prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
-    if prefix is None:
-        raise FileNotFoundError(f"{path!r} is a directory without a TensorFlow checkpoint.")
-    reader = tf.train.load_checkpoint(prefix)
-    return {
-        name: np.asarray(reader.get_tensor(name))
-        for name in sorted(reader.get_variable_to_shape_map())
-        if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")
-    }
+    """Every tensor of the checkpoint in directory `path`, or at prefix `path`.
+
+    A save that replaces the directory's checkpoint while it is read (another process) can
+    delete the files being read; the read then starts again from the new checkpoint.
+    """
+    retries = 2
+    while True:
+        prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
+        if prefix is None:
+            raise FileNotFoundError(f"{path!r} is a directory without a TensorFlow checkpoint.")
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            return {
+                name: np.asarray(reader.get_tensor(name))
+                for name in sorted(reader.get_variable_to_shape_map())
+                if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")
+            }
+        except tf.errors.NotFoundError:
+            replaced = os.path.isdir(path) and tf.train.latest_checkpoint(path) != prefix
+            if not replaced or retries == 0:
+                raise
+            retries -= 1
 
 
 def _claim(directory: str) -> None:
@@ -80,9 +109,17 @@ def _claim(directory: str) -> None:
             f"{directory!r} is a file; a path without suffix (or ending in .ckpt) names a "
             "TensorFlow checkpoint directory. Use a .npz or .h5 path to write a file."
         )
+    if os.path.exists(directory + ".index"):
+        raise ValueError(
+            f"{directory!r} is the prefix of an existing TensorFlow checkpoint "
+            f"({directory + '.index'!r}); a directory of that name would hide it. Choose "
+            "another path."
+        )
     os.makedirs(directory, exist_ok=True)
     entries = sorted(os.listdir(directory))
     foreign = [name for name in entries if not _WRITTEN_HERE.fullmatch(name)]
+    if entries and not any(_OURS.fullmatch(name) for name in entries) and MARKER not in entries:
+        foreign = entries  # towers always writes weights files: these are someone else's
     if MARKER not in entries and foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ValueError(
@@ -93,3 +130,13 @@ def _claim(directory: str) -> None:
     if MARKER not in entries:
         marker = {"written_by": "towers.save_weights", "format": "TensorFlow checkpoint"}
         atomic_write_text(os.path.join(directory, MARKER), json.dumps(marker) + "\n")
+
+
+def remove_checkpoint_dir(directory: str) -> None:
+    """Removes what towers wrote in `directory`, and the directory if nothing else is left."""
+    for name in os.listdir(directory):
+        if _WRITTEN_HERE.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)

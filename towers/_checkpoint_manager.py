@@ -1,33 +1,29 @@
 """A checkpoint manager for training loops: periodic saves, keep last k, keep best, resume."""
 
+import dataclasses
 import math
 import os
+import threading
 from typing import Any
 
 import numpy as np
 
 from towers import _weight_formats
-from towers._atomic_files import as_path, atomic_write_text
-from towers._checkpoint_files import (
-    EXTENSIONS,
-    LOCK,
+from towers._atomic_files import as_path, remove_stale_temporaries
+from towers._checkpoint_files import EXTENSIONS, LOCK, NAME, next_serial, remove
+from towers._checkpoint_records import (
     Record,
-    adopt_old_index,
     kept,
-    managed,
     new_record,
-    next_serial,
-    remove,
     scan,
-    to_json,
     write_index,
+    write_record,
 )
+from towers._checkpoint_state import restore_checkpoint, state_arrays
 from towers._directory_lock import DirectoryLock
-from towers._optimizer import StatefulOptimizer, check_checkpointable
-from towers._weight_targets import Target, named_variables, variable_copies
-from towers._weights_io import assign_arrays, match_arrays, save_weights
-
-_STEP = "__step__"
+from towers._optimizer import check_checkpointable
+from towers._weight_targets import Target
+from towers._weights_io import save_weights
 
 
 class CheckpointManager:
@@ -35,17 +31,12 @@ class CheckpointManager:
 
     Every checkpoint is a weights file under canonical names (load it with
     `towers.restore_weights` into any program, single-device included), a state file (the
-    optimizer's variables and the step) and a JSON record naming both, written last: the
-    record is the commit, so a save killed at any moment leaves the previous checkpoints
-    whole, a re-save of a step never overwrites the save it replaces, and the directory
-    describes itself. `checkpoints.json` indexes the complete checkpoints and the best; when
-    it is lost or corrupt it is rebuilt from the records. Only files of the manager's own
-    names are ever deleted, and only once a newer save supersedes them.
-
-    One writer per directory: the manager holds an OS lock on `checkpoints.lock` from
-    construction until `close()` (or until the process ends); a second manager on the same
-    directory, in any process, gets an error naming the holder. Names carry no tower prefix,
-    so a run saved with K towers resumes with any other number.
+    optimizer's variables and the step) and a JSON record (`_checkpoint_records`): a save
+    killed at any moment leaves the previous checkpoints whole, a re-save never overwrites
+    the save it replaces, and only files the manager's records name are ever deleted, once
+    superseded. `checkpoints.json` indexes what is kept and is rebuilt when lost. One writer
+    per directory: an OS lock on `checkpoints.lock`, held until `close()`. Names carry no
+    tower prefix, so a run saved with K towers resumes with any other number.
 
     Args:
       directory: Where the checkpoints live; created if needed.
@@ -99,6 +90,8 @@ class CheckpointManager:
             raise ValueError(f"`suffix` must be one of {sorted(EXTENSIONS)}; got {suffix!r}.")
         check_checkpointable(optimizer)
         self.directory = as_path(directory, "directory")
+        if not self.directory:
+            raise ValueError("`directory` must name a directory; got ''.")
         if os.path.exists(self.directory) and not os.path.isdir(self.directory):
             raise ValueError(
                 f"`directory` {self.directory!r} is a file; CheckpointManager needs a directory."
@@ -106,15 +99,17 @@ class CheckpointManager:
         self.model, self.optimizer = model, optimizer
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.monitor, self.suffix = monitor, suffix
-        self._lock = DirectoryLock(self.directory, LOCK)
-        if not any(name.endswith(".json") for name in managed(self.directory)):
-            adopt_old_index(self.directory)  # a towers 0.1 directory: its index has the values
-        self._records = scan(self.directory)
-        for record in self._records:  # saves whose record was lost describe themselves again
-            if not os.path.exists(self._path(record.name)):
-                atomic_write_text(self._path(record.name), to_json(record))
-        self._checkpoints, self._best = kept(self._records, keep_last, monitor)
-        write_index(self.directory, self._checkpoints, self._best)
+        self._thread_lock = threading.Lock()
+        self._lock = DirectoryLock(self.directory, LOCK, holder="another CheckpointManager")
+        try:
+            remove_stale_temporaries(self.directory, NAME.pattern)
+            self._records, garbage = scan(self.directory, repair=True)
+            self._forget(garbage)
+            self._checkpoints, self._best = kept(self._records, keep_last, monitor)
+            write_index(self.directory, self._checkpoints, self._best)
+        except BaseException:
+            self._lock.release()
+            raise
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -188,17 +183,21 @@ class CheckpointManager:
             raise ValueError(
                 f"`value` must be a finite number when monitor={self.monitor!r}; got {value!r}."
             )
-        if not self._lock.held:
-            raise RuntimeError(f"This CheckpointManager of {self.directory!r} is closed.")
-        value = number
-        saved = [self._write("ckpt", step, value)]
-        if self.monitor and self._improves(value):
-            saved.append(self._write("best", step, value))
-        self._records = self._records + saved
-        self._checkpoints, self._best = kept(self._records, self.keep_last, self.monitor)
-        write_index(self.directory, self._checkpoints, self._best)
-        self._remove_superseded()
-        return self._path(saved[0].weights)
+        with self._thread_lock:
+            self._check_open()
+            if self._checkpoints and step < self._checkpoints[-1].step:
+                raise ValueError(
+                    f"`step` {step} is below the newest checkpoint in {self.directory!r} "
+                    f"(step {self._checkpoints[-1].step}); it would be older than the saves "
+                    "kept. Restore first (`restore_latest()`) or use a new directory."
+                )
+            record = self._write("ckpt", step, number)
+            if self.monitor and self._improves(number):
+                self._write("best", step, number)
+            self._checkpoints, self._best = kept(self._records, self.keep_last, self.monitor)
+            write_index(self.directory, self._checkpoints, self._best)
+            self._remove_superseded()
+        return self._path(record.weights)
 
     def restore_latest(self, *, strict: bool = True) -> int:
         """Restores the newest checkpoint's weights and optimizer state; returns its step.
@@ -215,66 +214,74 @@ class CheckpointManager:
         Raises:
           ValueError: if a file is corrupt, or (strict) weights or state do not match.
         """
+        self._check_open()
         if not self._checkpoints:
             return 0
         latest = self._checkpoints[-1]
-        weights = _weight_formats.read(self._path(latest.weights))
-        state = _weight_formats.read(self._path(latest.state))
-        if _STEP not in state or int(state[_STEP]) != latest.step:
-            raise ValueError(f"The state file {latest.state!r} does not hold step {latest.step}.")
-        plans = [(variable_copies(self.model), weights, latest.weights)]
-        if self.optimizer is not None:
-            self._build_optimizer()
-            optimizer_state = {k: v for k, v in state.items() if k != _STEP}
-            plans.append((variable_copies(self.optimizer), optimizer_state, latest.state))
-        reports = [match_arrays(c, a, self._path(where), strict=strict) for c, a, where in plans]
-        for (copies, arrays, _), report in zip(plans, reports):
-            assign_arrays(copies, arrays, report)
+        weights, state = self._path(latest.weights), self._path(latest.state)
+        restore_checkpoint(self.model, self.optimizer, weights, state, latest.step, strict=strict)
         return latest.step
 
     def _write(self, kind: str, step: int, value: float | None) -> Record:
-        """Writes one save's files, the record last (the commit)."""
+        """Writes one save: its pending record, its files, its complete record (the commit)."""
         serial = next_serial(self.directory, kind, step)
-        extension = EXTENSIONS[self.suffix]
-        record = new_record(kind, step, serial, extension, value)
-        save_weights(self.model, self._path(record.weights))
-        if record.state:
-            _weight_formats.write(self._path(record.state), self._state_arrays(step))
-        atomic_write_text(self._path(record.name), to_json(record))
+        monitor = self.monitor if kind == "best" else None
+        pending = new_record(
+            kind, step, serial, EXTENSIONS[self.suffix], value=value, monitor=monitor
+        )
+        write_record(self.directory, pending)
+        self._records.append(pending)  # its files are ours from now on, whatever happens
+        save_weights(self.model, self._path(pending.weights))
+        if pending.state:
+            arrays = state_arrays(self.model, self.optimizer, step)
+            _weight_formats.write(self._path(pending.state), arrays)
+        record = dataclasses.replace(pending, complete=True)
+        write_record(self.directory, record)
+        self._records[self._records.index(pending)] = record
         return record
 
     def _remove_superseded(self) -> None:
-        """Deletes the manager's own files that no kept save uses (never anything else)."""
-        in_use = {f for r in [*self._checkpoints, self._best] if r for f in r.files}
-        for name in managed(self.directory):
-            if name not in in_use:
-                remove(self._path(name))
-        self._records = [*self._checkpoints, *([self._best] if self._best else [])]
+        """Deletes the files of the manager's own saves that are superseded, nothing else.
 
-    def _build_optimizer(self) -> None:
-        """Creates all of a towers optimizer's lazy state, so saved and restored state agree."""
-        if isinstance(self.optimizer, StatefulOptimizer):
-            copies = variable_copies(self.model).values()
-            self.optimizer.build([var for group in copies for var in group])
+        Superseded: a checkpoint not kept (older than the last `keep_last` steps, or re-saved),
+        a best beaten by a later one of the same monitor, a save killed before its commit.
+        Files no record names (a user's, or found without record) are never deleted.
+        """
+        kept_now = {*self._checkpoints, self._best}
+        comparable = [
+            r for r in self._records if r.kind == "best" and r.monitor in (None, self.monitor)
+        ]
+        superseded = [
+            r
+            for r in self._records
+            if r.owned
+            and r not in kept_now
+            and (r.kind == "ckpt" or not r.complete or (self.monitor and r in comparable))
+        ]
+        self._forget(superseded)
+
+    def _forget(self, records: list[Record]) -> None:
+        """Deletes the files of `records` (all the manager's own), each record last."""
+        for record in records:
+            for name in record.files:  # the record file last: until then it names the rest
+                remove(self._path(name))
+        self._records = [r for r in self._records if r not in records]
+
+    def _check_open(self) -> None:
+        if not self._lock.held:
+            raise RuntimeError(f"This CheckpointManager of {self.directory!r} is closed.")
 
     def _improves(self, value: float) -> bool:
         best = self.best_value
         return best is None or (value < best if self.monitor == "min" else value > best)
-
-    def _state_arrays(self, step: int) -> dict[str, np.ndarray]:
-        arrays = {_STEP: np.asarray(step, np.int64)}
-        if self.optimizer is not None:
-            self._build_optimizer()
-            arrays.update({n: v.numpy() for n, v in named_variables(self.optimizer).items()})
-        return arrays
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
 
 def _check_step(step: Any) -> int:
-    if not _is_int(step) or step < 0:
-        raise ValueError(f"`step` must be an int >= 0; got {step!r}.")
+    if not _is_int(step) or not 0 <= step < 2**63:
+        raise ValueError(f"`step` must be an int >= 0 (and < 2**63); got {step!r}.")
     return int(step)
 
 

@@ -16,30 +16,49 @@ class DirectoryLock:
     Args:
       directory: The directory to lock; created if needed.
       name: The lock file's name in it.
+      wait_seconds: How long to wait for another holder to release it; 0 to fail at once.
+      holder: What the error calls the holder ("another CheckpointManager", ...).
 
     Raises:
-      RuntimeError: if another holder (in this or another process) has the lock.
+      RuntimeError: if another holder (in this or another process) keeps the lock.
+      PermissionError: if the directory cannot be written.
     """
 
-    def __init__(self, directory: str, name: str):
+    def __init__(
+        self, directory: str, name: str, wait_seconds: float = 0.0, holder: str = "another writer"
+    ):
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, name)
-        self._file = open(self.path, "a+")  # noqa: SIM115  (held open: the lock lives with it)
         try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise RuntimeError(
-                f"{directory!r} is being written by another CheckpointManager ({holder}); one "
-                "writer per directory. Stop that one (or close() it), or use another directory."
+            self._file = open(self.path, "a+")  # noqa: SIM115  (held open: the lock lives with it)
+        except PermissionError:
+            raise PermissionError(
+                f"Cannot write to {directory!r} (no permission to create {name!r}); towers "
+                "writes only to directories it may write."
             ) from None
+        deadline = time.monotonic() + wait_seconds
+        while not self._try_lock():
+            if time.monotonic() >= deadline:
+                self._file.seek(0)
+                found = self._file.read().strip() or "another process"
+                self._file.close()
+                raise RuntimeError(
+                    f"{directory!r} is being written by {holder} ({found}); one writer per "
+                    "directory. Stop that one (or close() it), or use another directory."
+                )
+            time.sleep(0.05)
         self._file.seek(0)
         self._file.truncate()
         since = time.strftime("%Y-%m-%d %H:%M:%S")
         self._file.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}")
         self._file.flush()
+
+    def _try_lock(self) -> bool:
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        return True
 
     @property
     def held(self) -> bool:

@@ -109,7 +109,7 @@ class SGD(tf.Module, StatefulOptimizer):
             var=var.handle,
             accum=self._slot(var).handle,
             lr=lr,
-            grad=tf.convert_to_tensor(grad),
+            grad=_dense(grad, var),
             momentum=tf.cast(self.momentum, var.dtype),
         )
 
@@ -146,3 +146,13 @@ def _check_learning_rate(learning_rate: object) -> None:
         )
     if learning_rate < 0:
         raise ValueError(f"`learning_rate` must be >= 0; got {learning_rate}.")
+
+
+def _dense(grad: tf.Tensor | tf.IndexedSlices, var: tf.Variable) -> tf.Tensor:
+    """A dense gradient; slices are summed into the variable's rows (duplicates add up)."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    rows = tf.shape(var, out_type=grad.indices.dtype)[0]
+    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
+    dense.set_shape(var.shape)
+    return dense

@@ -6,6 +6,7 @@ from typing import Any
 
 from towers import ops
 from towers._apply_reduced import GradientHook, apply_reduced
+from towers._devices import device_list
 from towers._optimizer import Optimizer
 from towers._tower_builder import replicate, resolve_strategy
 from towers._tower_context import current_tower
@@ -143,6 +144,9 @@ def train_step(
       TypeError: if `variable_strategy` is not a strategy.
     """
     strategy = resolve_strategy(variables, variable_strategy)
+    devices = device_list(devices)
+    if gradient_hook is not None and not callable(gradient_hook):
+        raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     shards = ops.split_batch(inputs, len(devices), device=split_device)
     sizes = ops.shard_sizes(inputs, len(devices))
     tower_fn = functools.partial(tower_gradients, loss_fn, variables, variable_strategy=strategy)

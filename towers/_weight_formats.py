@@ -1,7 +1,8 @@
 """Weight file formats, chosen by suffix: `.npz`, `.h5`/`.hdf5`, or a TensorFlow checkpoint.
 
 Every format verifies its data when read: `.npz` members carry zip CRC-32s, `.h5` datasets
-written here a CRC-32 attribute, TensorFlow checkpoints their own CRC-32C per tensor. Names
+written here a CRC-32 attribute of their name and data, TensorFlow checkpoints their own
+CRC-32C per tensor. Names
 that some format cannot hold are refused before anything is written.
 """
 
@@ -68,13 +69,13 @@ def check_names(names: list[str], fmt: str) -> None:
     Raises:
       ValueError: listing every such name.
     """
-    bad = [n for n in names if not n or n.startswith("/") or n.endswith("/") or "//" in n]
-    bad += [n for n in names if n.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")]
+    bad = [n for n in names if not _holdable(n)]
     if bad:
         raise ValueError(
-            f"Weight names must be non-empty, neither start nor end with '/', hold no '//' and "
-            f"not start with '_CHECKPOINTABLE_OBJECT_GRAPH'; got {sorted(set(bad))}. Name the "
-            "variables with a dict target, e.g. {'dense/w': w}."
+            f"Weight names must be non-empty paths of non-empty parts (no leading, trailing or "
+            f"double '/'), with no '.' or '..' part, no NUL character, and not start with "
+            f"'_CHECKPOINTABLE_OBJECT_GRAPH'; got {sorted(set(bad))}. Name the variables with "
+            "a dict target, e.g. {'dense/w': w}."
         )
     if fmt == "h5":
         taken = set(names)
@@ -89,6 +90,15 @@ def check_names(names: list[str], fmt: str) -> None:
                 f"An .h5 file cannot hold a name and a name inside it (a dataset is not a "
                 f"group): {', '.join(nested)}. Rename them, or save to .npz or a checkpoint."
             )
+
+
+def _holdable(name: str) -> bool:
+    parts = name.split("/")
+    return (
+        all(part not in ("", ".", "..") for part in parts)
+        and "\x00" not in name
+        and not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")
+    )
 
 
 def _parents(name: str) -> list[str]:
@@ -159,7 +169,7 @@ def _write_h5(path: str, arrays: dict[str, np.ndarray]) -> None:
     with h5py.File(path, "w") as f:
         for name, array in arrays.items():
             dataset = f.create_dataset(name, data=array)
-            dataset.attrs[_CRC] = np.uint32(_crc32(array))
+            dataset.attrs[_CRC] = np.uint32(_crc32(name, array))
 
 
 def _read_h5(path: str) -> dict[str, np.ndarray]:
@@ -169,7 +179,7 @@ def _read_h5(path: str) -> dict[str, np.ndarray]:
     def visit(name, node):
         if isinstance(node, h5py.Dataset):
             array = np.asarray(node[()])
-            if _CRC in node.attrs and int(node.attrs[_CRC]) != _crc32(array):
+            if _CRC in node.attrs and int(node.attrs[_CRC]) != _crc32(name, array):
                 raise ValueError(f"the checksum of {name!r} does not match its data")
             found[name] = array
 
@@ -178,8 +188,9 @@ def _read_h5(path: str) -> dict[str, np.ndarray]:
     return found
 
 
-def _crc32(array: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(array).tobytes())
+def _crc32(name: str, array: np.ndarray) -> int:
+    """The CRC-32 of a dataset's name and data: a flipped bit in either is noticed."""
+    return zlib.crc32(np.ascontiguousarray(array).tobytes(), zlib.crc32(name.encode()))
 
 
 def _h5py():

@@ -146,6 +146,24 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
             self.assertTrue(np.all(np.isfinite(tower[0].numpy())))
             self.assertAllClose(tower[0], np.full([16], mean), rtol=0, atol=bound)
 
+    @parameterized.parameters("reduce_broadcast", "ring")
+    def test_half_precision_transfer_at_both_ends_of_its_bound(self, algorithm):
+        """K * (u * S + m) per element; finite up to 65504 / (1 + u)**K (65376 at K = 4)."""
+        devices = test_util.devices(4)
+        u, m = 2.0**-11, 2.0**-25
+        rng = np.random.default_rng(0)
+        for scale in (1e-8, 1.0, 65300 / 4):
+            values = [rng.uniform(0.5, 1.0, size=(64,)).astype(np.float32) * scale for _ in devices]
+            values[-1] = np.float32(scale * 4) - sum(values[:-1])  # the mean is `scale` exactly
+            grads = [[tf.constant(v)] for v in values]
+            reduced = ops.all_reduce_gradients(
+                grads, devices, algorithm=algorithm, wire_dtype=tf.float16
+            )
+            exact = np.mean(np.asarray(values, np.float64), axis=0)
+            total = np.sum(np.abs(np.asarray(values, np.float64)) / 4, axis=0)
+            error = np.abs(reduced[0][0].numpy() - exact)
+            self.assertTrue(np.all(error <= 4 * (u * total + m)), f"scale {scale}: {error.max()}")
+
     def test_a_mean_beyond_the_wire_dtype_overflows_as_documented(self):
         grads = [[tf.fill([4], 7e4)] for _ in range(2)]
         reduced = ops.all_reduce_gradients(

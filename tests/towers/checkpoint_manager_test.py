@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -12,6 +13,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from towers import _checkpoint_manager as _manager_module
 
 
 def _run(directory, k, start, stop, momentum, manager_kwargs=None):
@@ -166,7 +168,7 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(manager.best_value, 1.0)  # the best file survives the next save
         self.assertTrue(os.path.exists(manager.best_weights))
 
-    def test_saves_whose_records_are_lost_are_found_by_their_files(self):
+    def test_checkpoints_whose_records_are_lost_are_used_but_never_deleted(self):
         directory = self.get_temp_dir()
         model, manager = self._manager(every_n_steps=1, keep_last=2, monitor="min")
         for step, value in enumerate([3.0, 1.0, 2.0], 1):
@@ -176,18 +178,19 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         for name in os.listdir(directory):
             if name.endswith(".json"):  # the index and every record
                 os.remove(os.path.join(directory, name))
-        with open(os.path.join(directory, "ckpt-00000004.weights.npz"), "wb") as f:
-            f.write(b"weights of a save killed before its state was written")
+        files = set(os.listdir(directory))
         with towers.CheckpointManager(directory, model, monitor="min", keep_last=2) as manager:
-            self.assertEqual(manager.steps, [2, 3])
-            self.assertTrue(manager.best_weights.endswith("best-00000002.weights.npz"))
-            self.assertIsNone(manager.best_value)  # the value was in the lost record
+            self.assertEqual(manager.steps, [2, 3])  # weights with state: whole checkpoints
+            self.assertIsNone(manager.best_weights)  # a best needs its record (its value)
             self.assertEqual(manager.restore_latest(), 3)
             self.assertAllEqual(model.w1, tf.fill(model.w1.shape, 3.0))
-            self.assertIn("ckpt-00000003.json", os.listdir(directory))  # described again
             manager.save(5, value=2.5)
-            self.assertEqual(manager.best_value, 2.5)
-        self.assertNotIn("ckpt-00000004.weights.npz", os.listdir(directory))
+            manager.save(6, value=2.0)
+            self.assertEqual(manager.steps, [5, 6])
+            self.assertEqual(manager.best_value, 2.0)
+        self.assertLessEqual(
+            files, set(os.listdir(directory))
+        )  # none deleted: not provably its own
 
     def test_a_foreign_file_with_a_record_name_is_not_a_checkpoint(self):
         directory = self.get_temp_dir()
@@ -197,15 +200,32 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(manager.steps, [])
         self.assertEqual(manager.restore_latest(), 0)
 
-    def test_only_recorded_saves_count_and_killed_ones_are_cleaned_up(self):
-        _, manager = self._manager()
-        killed = os.path.join(self.get_temp_dir(), "ckpt-00000009.weights.npz")
-        with open(killed, "wb") as f:
-            f.write(b"a save killed before its record was written")
-        mine = os.path.join(self.get_temp_dir(), "notes.txt")
+    def test_only_recorded_saves_are_its_own_and_killed_ones_are_cleaned_up(self):
+        directory = self.get_temp_dir()
+        lookalike = os.path.join(directory, "ckpt-00000009.weights.npz")
+        with open(lookalike, "wb") as f:
+            f.write(b"a user's file that happens to have a manager's name")
+        # A save killed after its pending record and weights, before its state and commit.
+        killed = {
+            "written_by": "towers.CheckpointManager",
+            "kind": "ckpt",
+            "step": 3,
+            "serial": 0,
+            "weights": "ckpt-00000003.weights.npz",
+            "state": "ckpt-00000003.state.npz",
+            "complete": False,
+        }
+        with open(os.path.join(directory, "ckpt-00000003.json"), "w") as f:
+            json.dump(killed, f)
+        towers.save_weights({"w": tf.Variable(1.0)}, os.path.join(directory, killed["weights"]))
+        mine = os.path.join(directory, "notes.txt")
         open(mine, "w").close()
+        _, manager = self._manager()
+        self.assertEqual(manager.steps, [])
+        for name in ("ckpt-00000003.json", "ckpt-00000003.weights.npz"):
+            self.assertNotIn(name, os.listdir(directory))
         manager.save(7)
-        self.assertFalse(os.path.exists(killed))
+        self.assertTrue(os.path.exists(lookalike))  # never its own: no record names it
         self.assertTrue(os.path.exists(mine))
         with open(os.path.join(self.get_temp_dir(), "checkpoints.json")) as f:
             index = json.load(f)
@@ -231,7 +251,8 @@ import numpy as np, tensorflow as tf, towers
 model = {"w": tf.Variable(np.zeros([128, 128], np.float32))}
 state = {"m": tf.Variable(np.zeros([128, 128], np.float32))}
 manager = towers.CheckpointManager(sys.argv[1], model, state, keep_last=2, suffix=sys.argv[2])
-manager.save(4)
+if not manager.steps:
+    manager.save(4)
 i = 0
 while True:
     i += 1
@@ -331,7 +352,7 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, "optimizer's state as variables.*got object"):
             towers.CheckpointManager(self.get_temp_dir(), model, object())
         with towers.CheckpointManager(self.get_temp_dir(), model) as manager:
-            for step in (1.5, -5, "3", True):
+            for step in (1.5, -5, "3", True, 2**64):
                 with self.assertRaisesRegex(ValueError, "`step` must be an int >= 0"):
                     manager.save(step)
                 with self.assertRaisesRegex(ValueError, "`step` must be an int >= 0"):
@@ -344,6 +365,102 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
             towers.CheckpointManager(a_file, model)
         with self.assertRaisesRegex(TypeError, "`directory` must be a str or os.PathLike"):
             towers.CheckpointManager(3, model)
+        with self.assertRaisesRegex(ValueError, "`directory` must name a directory; got ''"):
+            towers.CheckpointManager("", model)
+
+    def test_a_step_older_than_the_newest_is_refused_not_deleted(self):
+        with towers.CheckpointManager(
+            self.get_temp_dir(), {"w": tf.Variable(1.0)}, keep_last=2
+        ) as m:
+            m.save(10)
+            m.save(20)
+            with self.assertRaisesRegex(
+                ValueError, "`step` 5 is below the newest checkpoint .*step 20"
+            ):
+                m.save(5)
+            self.assertEqual(m.steps, [10, 20])
+
+    def test_a_failed_save_does_not_cost_a_complete_checkpoint(self):
+        model = {"w": tf.Variable(1.0)}
+        real = _manager_module.save_weights
+
+        def failing_best(target, path):
+            if os.path.basename(path).startswith("best-") and "00000003" in path:
+                raise OSError(28, "No space left on device")
+            real(target, path)
+
+        with towers.CheckpointManager(self.get_temp_dir(), model, keep_last=3, monitor="min") as m:
+            m.save(1, value=5.0)
+            m.save(2, value=6.0)
+            with mock.patch.object(_manager_module, "save_weights", failing_best):
+                with self.assertRaisesRegex(OSError, "No space"):
+                    m.save(3, value=1.0)  # its checkpoint committed, its best failed
+            m.save(4, value=7.0)
+            self.assertEqual(m.steps, [2, 3, 4])
+            self.assertEqual(m.best_value, 5.0)
+
+    def test_the_best_survives_a_lost_record_and_a_changed_monitor(self):
+        directory = self.get_temp_dir()
+        model = {"w": tf.Variable(1.0)}
+        with towers.CheckpointManager(directory, model, monitor="min") as m:
+            m.save(1, value=0.5)
+            m.save(2, value=0.1)
+        os.remove(os.path.join(directory, "best-00000002.json"))  # the index still has it
+        with towers.CheckpointManager(directory, model, monitor="min") as m:
+            self.assertEqual(m.best_value, 0.1)
+            m.save(3, value=0.9)
+            self.assertTrue(m.best_weights.endswith("best-00000002.weights.npz"))
+        with towers.CheckpointManager(directory, model, monitor="max") as m:
+            self.assertIsNone(m.best_value)  # "max" does not compare with a "min" best
+            m.save(4, value=0.9)
+            self.assertEqual(m.best_value, 0.9)
+        self.assertIn("best-00000002.weights.npz", os.listdir(directory))  # not deleted
+
+    def test_lookalike_files_and_folders_are_never_touched(self):
+        directory = self.get_temp_dir()
+        folder = os.path.join(directory, "ckpt-00000009.weights", "mydata")
+        os.makedirs(folder)
+        open(os.path.join(folder, "notes.txt"), "w").close()
+        np.savez(os.path.join(directory, "best-00000001.weights.npz"), a=np.ones(2))
+        with open(os.path.join(directory, "best-00000001.json"), "w") as f:
+            f.write('{"kind": "best", "step": 1}')  # not written by towers
+        stale = os.path.join(directory, ".ckpt-00000001.weights.npz.999999999.abcdefgh.tmp")
+        live = os.path.join(directory, f".ckpt-00000001.weights.npz.{os.getpid()}.abcdefgh.tmp")
+        for path in (stale, live):
+            open(path, "w").close()
+        with towers.CheckpointManager(directory, {"w": tf.Variable(1.0)}, monitor="min") as m:
+            self.assertIsNone(m.best_weights)
+            for step in (1, 2, 3, 4):
+                m.save(step, value=float(step))
+        self.assertTrue(os.path.exists(os.path.join(folder, "notes.txt")))
+        self.assertTrue(os.path.exists(os.path.join(directory, "best-00000001.weights.npz")))
+        self.assertFalse(os.path.exists(stale))  # a killed save's temporary: its process is gone
+        self.assertTrue(os.path.exists(live))  # this process's: maybe another thread's
+
+    def test_threads_share_one_manager(self):
+        import threading
+
+        model = {"w": tf.Variable(1.0)}
+        errors = []
+        with towers.CheckpointManager(self.get_temp_dir(), model, keep_last=50) as m:
+
+            def saves(start):
+                try:
+                    for _ in range(start, start + 10):
+                        m.save(100)  # the same step from both threads
+                except Exception as error:  # noqa: BLE001
+                    errors.append(error)
+
+            threads = [threading.Thread(target=saves, args=(i,)) for i in (0, 10)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            self.assertEqual(m.steps, [100])
+            m.close()
+            with self.assertRaisesRegex(RuntimeError, "is closed"):
+                m.restore_latest()
 
     def test_a_resave_replaces_the_step_and_keeps_one_copy(self):
         model = {"w": tf.Variable(1.0)}

@@ -126,6 +126,47 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
         for got, want in zip(model.variables, before):  # refused before anything ran
             self.assertAllEqual(got, want)
 
+    def test_gradient_hook_returning_bad_rows(self):
+        model = test_util.Model()
+        model(test_util.batch(1)[0])
+        before = [v.numpy() for v in model.variables]
+
+        def rows(indices, dtype=tf.int32):
+            def hook(grads, variables):
+                out = []
+                for g, v in zip(grads, variables):
+                    if v.name == "embedding:0":
+                        g = tf.IndexedSlices(
+                            tf.ones([len(indices), 4]), tf.constant(indices, dtype)
+                        )
+                    out.append(g)
+                return out
+
+            return hook
+
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+
+        def step(hook):
+            towers.train_step(
+                test_util.loss_fn(model),
+                model,
+                optimizer,
+                test_util.batch(4),
+                test_util.devices(2),
+                gradient_hook=hook,
+            )
+
+        with self.assertRaisesRegex(ValueError, "indices must be one int32 or int64 row index"):
+            step(rows([1.0, 2.0], tf.float32))
+        for bad in ([1, 99], [-1, 2]):
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "row indices outside"):
+                tf.function(step)(rows(bad))
+            for got, want in zip(model.variables, before):  # no variable changed
+                self.assertAllEqual(got, want)
+        with self.assertRaisesRegex(TypeError, "`gradient_hook` must be callable; got 'clip'"):
+            step("clip")
+
     def test_no_variable_gets_a_gradient(self):
         model = test_util.Model()
 

@@ -318,6 +318,60 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, "`path` must be a str or os.PathLike"):
             towers.read_weights(None)
 
+    def test_a_folder_holding_only_a_users_checkpoint_file_is_refused(self):
+        folder = os.path.join(self.get_temp_dir(), "f")
+        os.mkdir(folder)
+        with open(os.path.join(folder, "checkpoint"), "w") as f:
+            f.write("my notes")
+        with self.assertRaisesRegex(ValueError, r"did not write \(checkpoint\)"):
+            towers.save_weights(_built_model(), folder)
+        self.assertEqual(open(os.path.join(folder, "checkpoint")).read(), "my notes")
+
+    def test_a_users_file_in_its_folder_survives_even_with_a_similar_name(self):
+        folder = os.path.join(self.get_temp_dir(), "f")
+        towers.save_weights(_built_model(), folder)
+        mine = os.path.join(folder, "weights-1a2b3c4d5e6f.csv")
+        open(mine, "w").close()
+        towers.save_weights(_built_model(), folder)
+        self.assertTrue(os.path.exists(mine))
+
+    def test_a_directory_would_not_hide_a_tensorflow_prefix(self):
+        prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write(
+            os.path.join(self.get_temp_dir(), "model.ckpt")
+        )
+        with self.assertRaisesRegex(ValueError, "is the prefix of an existing TensorFlow"):
+            towers.save_weights(_built_model(), prefix)
+        self.assertFalse(os.path.isdir(prefix))
+
+    def test_two_processes_saving_one_checkpoint_directory_take_turns(self):
+        folder = os.path.join(self.get_temp_dir(), "shared")
+        code = (
+            "import sys, numpy as np, tensorflow as tf, towers\n"
+            "v = {'w': tf.Variable(np.zeros([64, 64], np.float32))}\n"
+            "for i in range(15):\n"
+            "    v['w'].assign(tf.fill([64, 64], float(i)))\n"
+            f"    towers.save_weights(v, {folder!r})\n"
+            "print('done')\n"
+        )
+        children = [
+            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        outputs = [c.communicate(timeout=240)[0].strip() for c in children]
+        self.assertEqual(outputs, ["done", "done"])
+        self.assertLen([n for n in os.listdir(folder) if n.endswith(".index")], 1)
+        self.assertAllEqual(towers.read_weights(folder)["w"], np.full([64, 64], 14.0))
+
+    def test_h5_checksums_cover_names(self):
+        path = os.path.join(self.get_temp_dir(), "w.h5")
+        towers.save_weights({"a": tf.Variable(1.0), "b": tf.Variable(2.0)}, path)
+        import h5py
+
+        with h5py.File(path, "r+") as f:
+            f.move("a", "c")  # what a flipped bit in a name does
+        with self.assertRaisesRegex(ValueError, "checksum of 'c' does not match"):
+            towers.read_weights(path)
+
     @parameterized.parameters("w.weights", "w.csv", "model.v2", "w.pt")
     def test_unknown_suffixes_are_refused(self, name):
         path = os.path.join(self.get_temp_dir(), name)
@@ -332,7 +386,18 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
         self.assertTrue(towers.restore_weights(_built_model(seed=2), path).complete)
 
     @parameterized.product(
-        name=["", "a//b", "x/", "/x", "_CHECKPOINTABLE_OBJECT_GRAPH"], path=FORMATS
+        name=[
+            "",
+            "a//b",
+            "x/",
+            "/x",
+            ".",
+            "a/./b",
+            "a/../b",
+            "a\x00b",
+            "_CHECKPOINTABLE_OBJECT_GRAPH",
+        ],
+        path=FORMATS,
     )
     def test_names_no_format_can_hold(self, name, path):
         path = os.path.join(self.get_temp_dir(), path)

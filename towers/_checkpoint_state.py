@@ -1,0 +1,58 @@
+"""A checkpoint's state (optimizer and step), and restoring a checkpoint all or nothing.
+
+Everything is read and checked first, then everything assigned.
+"""
+
+from typing import Any
+
+import numpy as np
+
+from towers import _weight_formats
+from towers._optimizer import StatefulOptimizer
+from towers._weight_targets import Target, named_variables, variable_copies
+from towers._weights_io import assign_arrays, match_arrays
+
+STEP = "__step__"
+
+
+def state_arrays(model: Target, optimizer: Any, step: int) -> dict[str, np.ndarray]:
+    """The state file's arrays: the step, and the optimizer's state by name."""
+    arrays = {STEP: np.asarray(step, np.int64)}
+    if optimizer is not None:
+        build_optimizer(model, optimizer)
+        arrays.update({n: v.numpy() for n, v in named_variables(optimizer).items()})
+    return arrays
+
+
+def build_optimizer(model: Target, optimizer: Any) -> None:
+    """Creates all of a towers optimizer's lazy state, so saved and restored state agree."""
+    if isinstance(optimizer, StatefulOptimizer):
+        copies = variable_copies(model).values()
+        optimizer.build([var for group in copies for var in group])
+
+
+def restore_checkpoint(
+    model: Target, optimizer: Any, weights: str, state: str, step: int, *, strict: bool
+) -> None:
+    """Restores weights and optimizer state, all or nothing.
+
+    Both files are read and verified, the step checked, and every name, shape and dtype
+    matched before anything is assigned.
+
+    Raises:
+      ValueError: if a file is corrupt or holds another step, or (strict) does not match.
+    """
+    weight_arrays = _weight_formats.read(weights)
+    state_arrays_ = _weight_formats.read(state)
+    if STEP not in state_arrays_ or int(state_arrays_[STEP]) != step:
+        raise ValueError(f"The state file {state!r} does not hold step {step}.")
+    plans = [(variable_copies(model), weight_arrays, weights)]
+    if optimizer is not None:
+        build_optimizer(model, optimizer)
+        optimizer_state = {k: v for k, v in state_arrays_.items() if k != STEP}
+        plans.append((variable_copies(optimizer), optimizer_state, state))
+    reports = [
+        match_arrays(copies, arrays, where, strict=strict) for copies, arrays, where in plans
+    ]
+    for (copies, arrays, _), report in zip(plans, reports):
+        assign_arrays(copies, arrays, report)
