@@ -23,7 +23,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = {"towers": ROOT / "towers", "towers.ops": ROOT / "ops"}
 
 TOWERS_NAMES = [
+    "Adagrad",
+    "Adam",
+    "AdamW",
     "CheckpointManager",
+    "LAMB",
+    "LARS",
+    "Optimizer",
+    "RMSProp",
     "ParameterServer",
     "ReducedGradients",
     "Replicated",
@@ -43,11 +50,20 @@ TOWERS_NAMES = [
     "replicate",
     "restore_weights",
     "save_weights",
+    "schedules",
     "session_config",
     "simulate_devices",
     "tower_gradients",
     "train_step",
     "variable_list",
+]
+SCHEDULES_NAMES = [
+    "Constant",
+    "CosineDecay",
+    "ExponentialDecay",
+    "LinearWarmup",
+    "PiecewiseConstant",
+    "Schedule",
 ]
 OPS_NAMES = [
     "ALGORITHMS",
@@ -206,8 +222,11 @@ class PublicSurfaceTest(tf.test.TestCase):
             for n in dir(towers)
             if not n.startswith("_") and not isinstance(getattr(towers, n), types.ModuleType)
         }
-        self.assertEqual(public | {"ops"}, set(towers.__all__))
+        self.assertEqual(public | {"ops", "schedules"}, set(towers.__all__))
         self.assertIs(towers.ops, ops)
+
+    def test_schedules_surface_is_pinned(self):
+        self.assertEqual(sorted(towers.schedules.__all__), SCHEDULES_NAMES)
 
     def test_ops_surface_is_pinned(self):
         self.assertEqual(sorted(ops.__all__), sorted(OPS_NAMES))
@@ -215,7 +234,7 @@ class PublicSurfaceTest(tf.test.TestCase):
 
     def test_every_public_name_is_documented_and_annotated(self):
         problems = []
-        for module in (towers, ops):
+        for module in (towers, ops, towers.schedules):
             for name in module.__all__:
                 problems += documentation_problems(name, getattr(module, name))
         self.assertEqual(problems, [])

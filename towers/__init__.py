@@ -14,13 +14,22 @@ are saved and restored under tower-free names with `save_weights`/`restore_weigh
 number of towers.
 """
 
-from towers import ops  # first: gives the one clear message when TensorFlow is missing
+from towers import (
+    ops,  # first: gives the one clear message when TensorFlow is missing
+    schedules,
+)
+from towers._adagrad import Adagrad
+from towers._adam import Adam, AdamW
 from towers._apply_reduced import apply_reduced, apply_replicated
 from towers._checkpoint_manager import CheckpointManager
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
+from towers._lamb import LAMB
+from towers._lars import LARS
+from towers._optimizer import Optimizer
 from towers._parameter_server import ParameterServer
 from towers._replica_checks import check_replicas_identical
 from towers._replicated import Replicated
+from towers._rmsprop import RMSProp
 from towers._sgd import SGD
 from towers._tower_builder import replicate
 from towers._tower_context import TowerContext, current_tower
@@ -30,7 +39,15 @@ from towers._weight_targets import named_variables
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
 
 __all__ = [
+    "LAMB",
+    "LARS",
     "SGD",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Optimizer",
+    "RMSProp",
+    "schedules",
     "CheckpointManager",
     "ParameterServer",
     "ReducedGradients",

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Sequence
 
-from towers._optimizer import Optimizer
+from towers._optimizer_checks import AppliesGradients
 from towers._variable_strategy import ReducedGradients, VariableStrategy
 from towers.ops._device_scope import device_scope
 from towers.ops._tensorflow import tf
@@ -12,7 +12,7 @@ GradientHook = Callable[[list, list], Sequence]
 
 def apply_reduced(
     reduced: Sequence[ReducedGradients],
-    optimizer: Optimizer,
+    optimizer: AppliesGradients,
     gradient_hook: GradientHook | None = None,
 ) -> list:
     """Applies each copy's reduced gradients: the hook (if any), then the optimizer.
@@ -54,7 +54,7 @@ def apply_replicated(
     replicas: VariableStrategy,
     tower_grads: list,
     sizes: list,
-    optimizer: Optimizer,
+    optimizer: AppliesGradients,
     gradient_hook: GradientHook | None = None,
 ) -> list:
     """All-reduces tower gradients and applies the same update to every replica.

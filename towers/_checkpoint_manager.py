@@ -21,7 +21,7 @@ from towers._checkpoint_records import (
 )
 from towers._checkpoint_state import restore_checkpoint, state_arrays
 from towers._directory_lock import DirectoryLock
-from towers._optimizer import check_checkpointable
+from towers._optimizer_checks import check_checkpointable
 from towers._weight_targets import Target
 from towers._weights_io import save_weights
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from towers import _weight_formats
-from towers._optimizer import StatefulOptimizer
+from towers._optimizer import Optimizer
+from towers._optimizer_checks import is_keras
 from towers._weight_targets import Target, named_variables, variable_copies
 from towers._weights_io import assign_arrays, match_arrays
 
@@ -19,16 +20,25 @@ def state_arrays(model: Target, optimizer: Any, step: int) -> dict[str, np.ndarr
     """The state file's arrays: the step, and the optimizer's state by name."""
     arrays = {STEP: np.asarray(step, np.int64)}
     if optimizer is not None:
-        build_optimizer(model, optimizer)
-        arrays.update({n: v.numpy() for n, v in named_variables(optimizer).items()})
+        state = optimizer_state(model, optimizer)
+        arrays.update({n: v.numpy() for n, v in named_variables(state).items()})
     return arrays
 
 
-def build_optimizer(model: Target, optimizer: Any) -> None:
-    """Creates all of a towers optimizer's lazy state, so saved and restored state agree."""
-    if isinstance(optimizer, StatefulOptimizer):
-        copies = variable_copies(model).values()
-        optimizer.build([var for group in copies for var in group])
+def optimizer_state(model: Target, optimizer: Any) -> Any:
+    """The optimizer's state as a weights target, all of it built.
+
+    A towers optimizer builds its state for every copy of the model's variables; a Keras
+    optimizer builds its own and is named by its variables' paths.
+    """
+    if isinstance(optimizer, Optimizer):
+        optimizer.build(variable_copies(model))
+    elif is_keras(optimizer):
+        if not getattr(optimizer, "built", False):
+            optimizer.build([v for v in named_variables(model).values() if v.trainable])
+        # Paths start with the optimizer's own name ("adam_1/..."), which varies by program.
+        return {v.path.split("/", 1)[-1]: v.value for v in optimizer.variables}
+    return optimizer
 
 
 def restore_checkpoint(
@@ -48,9 +58,8 @@ def restore_checkpoint(
         raise ValueError(f"The state file {state!r} does not hold step {step}.")
     plans = [(variable_copies(model), weight_arrays, weights)]
     if optimizer is not None:
-        build_optimizer(model, optimizer)
-        optimizer_state = {k: v for k, v in state_arrays_.items() if k != STEP}
-        plans.append((variable_copies(optimizer), optimizer_state, state))
+        saved = {k: v for k, v in state_arrays_.items() if k != STEP}
+        plans.append((variable_copies(optimizer_state(model, optimizer)), saved, state))
     reports = [
         match_arrays(copies, arrays, where, strict=strict) for copies, arrays, where in plans
     ]

@@ -1,71 +1,277 @@
-"""What `train_step` and `CheckpointManager` need of an optimizer.
+"""The base of `towers` optimizers: state per variable and per copy, named like weight files.
 
-* `Optimizer`: anything with `apply_gradients(grads_and_vars)`; all `train_step` needs.
-* `StatefulOptimizer`: the base of `towers` optimizers, whose state `CheckpointManager` saves
-  and restores with any number of towers: `build(variables)` creates all state up front (so a
-  checkpoint written before a variable got its first gradient still holds its slots), and
-  `variable_copies()` names the state per variable, one entry for all replicas' copies.
-* Any other optimizer that is a `tf.Module` has its variables saved by attribute path.
+A rule is one short class: the names of its slots and `update(grad, var, slots, lr, step)`
+(and `update_sparse` where the rule lets sparse gradients touch only their rows). The base
+keeps the state, the learning rate (a number, a tensor, a variable or a schedule), the step
+count, the placement and the naming.
 """
 
 import abc
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from towers._variable_names import Copies
+from towers._optimizer_checks import check_learning_rate
+from towers._variable_names import CopiedState, Copies, canonical_name
+from towers._weight_targets import variable_copies
+from towers.ops._device_scope import device_scope
+from towers.ops._slices import deduplicated, densified
 from towers.ops._tensorflow import tf
 
-
-class Optimizer(Protocol):
-    """Anything with `apply_gradients(grads_and_vars)`, like `towers.SGD`."""
-
-    def apply_gradients(self, grads_and_vars: list) -> Any:
-        """Applies one update per `(gradient, variable)` pair."""
+Gradient = tf.Tensor | tf.IndexedSlices
+LearningRate = float | tf.Tensor | tf.Variable | Callable[[tf.Tensor], Any]
 
 
-class StatefulOptimizer(abc.ABC):
-    """The contract of `towers` optimizers with state that checkpoints keep."""
+@dataclasses.dataclass
+class _VariableState:
+    name: str  # the variable's canonical name, as weight files name it
+    copy: int  # which copy of it (replica index)
+    slots: dict[str, tf.Variable]
+
+
+class Optimizer(tf.Module, CopiedState):
+    """Base of `towers` optimizers.
+
+    State (the slots, and a step count per copy) is kept per variable and per copy of a
+    replicated variable, on the variable's device, and named by the canonical names weight
+    files use: "slots/<variable>/<slot>" and "optimizer/iterations". `build(model)` creates it
+    up front and names it (`train_step` and `CheckpointManager` call it); variables first met
+    in `apply_gradients` are named after `var.name`, made unique. A checkpoint saves one copy
+    of each piece of state and restores it into every copy, with any number of towers.
+
+    The learning rate is a number, a scalar tensor or variable, or a callable of the step
+    count (the number of updates done, an int64 tensor), such as `towers.schedules` or Keras
+    schedule objects. The step count advances once per copy and `apply_gradients` call; it
+    is state only where it is used (a schedule, or a rule such as Adam's bias correction), so
+    plain SGD with a fixed rate keeps no state and may be made inside a `tf.function`.
+
+    A subclass names its slots (`slot_names`, created as zeros like the variable, or with
+    `initial_slot_value`) and implements `update`; it may implement `update_sparse` when its
+    rule allows sparse gradients to touch only their rows (the base densifies otherwise, or
+    when it returns `NotImplemented`).
+
+    Args:
+      learning_rate: The step size: a number >= 0, a scalar tensor or variable, or a
+        callable of the step count.
+      name: The module's name.
+
+    Raises:
+      TypeError: if `learning_rate` is of another type.
+      ValueError: if `learning_rate` is a negative number.
+    """
+
+    slot_names: tuple[str, ...] = ()
+    initial_slot_value: float = 0.0
+    uses_step: bool = False  # whether `update` needs the step (else only a schedule does)
+    _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_states"}
+
+    def __init__(self, learning_rate: LearningRate, *, name: str):
+        super().__init__(name=name)
+        check_learning_rate(learning_rate)
+        self.learning_rate = learning_rate
+        self._states: dict[Any, _VariableState] = {}  # variable.ref() -> its state
+        self.iterations: dict[int, tf.Variable] = {}  # copy -> its step count
+        self.slot_variables: list[tf.Variable] = []  # every slot, for tf.Module.variables
 
     @abc.abstractmethod
-    def apply_gradients(self, grads_and_vars: list) -> Any:
+    def update(
+        self,
+        grad: tf.Tensor,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """Builds one variable's update from a dense gradient.
+
+        Args:
+          grad: The gradient, of the variable's shape and dtype.
+          var: The variable.
+          slots: Its slots by name.
+          lr: The learning rate, in the variable's dtype.
+          step: The 1-based number of this update, in the variable's dtype.
+
+        Returns:
+          The update op (or the op's output).
+        """
+
+    def update_sparse(
+        self,
+        grad: tf.IndexedSlices,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """Builds the update from sparse rows with unique indices, or declines it.
+
+        Args:
+          grad: The gradient's rows, duplicates summed.
+          var: The variable.
+          slots: Its slots by name.
+          lr: The learning rate, in the variable's dtype.
+          step: The 1-based number of this update, in the variable's dtype.
+
+        Returns:
+          The update, or `NotImplemented` when the rule needs every row (then `update` gets
+          the dense gradient).
+        """
+        del grad, var, slots, lr, step
+        return NotImplemented
+
+    def build(self, variables: Any) -> None:
+        """Creates the state of every variable (and copy) that lacks it, and names it.
+
+        Args:
+          variables: What to build for: a model (a `tf.Module`, a list or dict of variables),
+            a strategy holding copies (`towers.Replicated`), or a mapping of canonical name to
+            the variable's copies (`strategy.variable_copies(model)`).
+        """
+        copies = variables if _is_copies(variables) else variable_copies(variables)
+        for name, group in copies.items():
+            for copy, var in enumerate(group):
+                self._state_of(var, name, copy)
+
+    def variable_copies(self) -> Copies:
+        """The state by name: "slots/<variable>/<slot>" and "optimizer/iterations".
+
+        Returns:
+          Name -> the state of each copy, the first copy's first.
+        """
+        found: dict[str, dict[int, tf.Variable]] = {}
+        for state in self._states.values():
+            for slot, var in state.slots.items():
+                found.setdefault(f"slots/{state.name}/{slot}", {})[state.copy] = var
+        if self.iterations:
+            found["optimizer/iterations"] = dict(self.iterations)
+        return {
+            name: tuple(v for _, v in sorted(by_copy.items())) for name, by_copy in found.items()
+        }
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Gradient | None, tf.Variable]]) -> Any:
         """Applies one update per `(gradient, variable)` pair; None gradients are skipped.
 
         Args:
           grads_and_vars: Pairs of gradient and variable.
 
         Returns:
-          An op grouping the updates.
+          An op grouping the updates and the step counts (None when executing eagerly).
         """
+        by_copy: dict[int, list] = {}
+        for grad, var in grads_and_vars:
+            if grad is not None:
+                state = self._state_of(var)
+                by_copy.setdefault(state.copy, []).append((grad, var, state))
+        ops = []
+        for copy, group in by_copy.items():
+            counter = self.iterations.get(copy)
+            with device_scope(counter.device if counter is not None else None):
+                with tf.name_scope(self.name):
+                    done = counter.read_value() if counter is not None else tf.constant(0, tf.int64)
+                    lr = tf.cast(self.current_learning_rate(done), tf.float32)
+            updates, cast = [], {}
+            for grad, var, state in group:
+                with tf.device(var.device), tf.name_scope(self.name):
+                    key = (var.device, var.dtype)
+                    if key not in cast:
+                        cast[key] = (tf.cast(lr, var.dtype), tf.cast(done + 1, var.dtype))
+                    updates.append(self._update_one(grad, var, state.slots, *cast[key]))
+            if counter is not None:
+                with tf.device(counter.device), tf.control_dependencies(_ops(updates)):
+                    ops.append(counter.assign_add(1))
+            ops += updates
+        return tf.group(_ops(ops))
 
-    @abc.abstractmethod
-    def build(self, variables: list[tf.Variable]) -> None:
-        """Creates the state of every variable in `variables` that lacks it.
+    @property
+    def counts_steps(self) -> bool:
+        """Whether this optimizer keeps a step count (its rule or its schedule uses it)."""
+        return self.uses_step or _is_schedule(self.learning_rate)
+
+    def current_learning_rate(self, step: tf.Tensor) -> tf.Tensor:
+        """The learning rate at `step` updates done.
 
         Args:
-          variables: Every copy of every variable this optimizer will update.
-        """
-
-    @abc.abstractmethod
-    def variable_copies(self) -> Copies:
-        """The state by name, with one entry per copy of its variable.
+          step: The number of updates done, an int64 scalar.
 
         Returns:
-          Name -> the state variable of each copy, the first replica's first.
+          The learning rate, a scalar tensor.
         """
+        rate = self.learning_rate
+        if _is_schedule(rate):
+            rate = rate(step)
+        return tf.convert_to_tensor(rate)
+
+    def excluded(self, var: tf.Variable, patterns: Iterable[str]) -> bool:
+        """Whether the variable's canonical name matches one of `patterns` (ignoring case).
+
+        Args:
+          var: A variable this optimizer updates.
+          patterns: Regular expressions, e.g. ("bias", "norm").
+
+        Returns:
+          Whether any pattern is found in the name.
+        """
+        name = self._state_of(var).name
+        return any(re.search(p, name, re.IGNORECASE) for p in patterns)
+
+    def _update_one(self, grad, var, slots, lr, step):
+        if isinstance(grad, tf.IndexedSlices):
+            unique = deduplicated(grad)
+            update = self.update_sparse(unique, var, slots, lr, step)
+            if update is not NotImplemented:
+                return update
+            grad = densified(unique, var)
+        return self.update(grad, var, slots, lr, step)
+
+    def _state_of(self, var: tf.Variable, name: str | None = None, copy: int = 0) -> _VariableState:
+        """The variable's state, created (and named) on first sight."""
+        state = self._states.get(var.ref())
+        if state is not None:
+            if name is not None:  # built for a model now: the model's names win
+                state.name, state.copy = name, copy
+            return state
+        name = name if name is not None else self._unique(canonical_name(var.name))
+        with tf.init_scope(), tf.device(var.device):
+            slots = {
+                slot: tf.Variable(
+                    tf.fill(var.shape, tf.cast(self.initial_slot_value, var.dtype)),
+                    trainable=False,
+                    name=f"{canonical_name(var.name)}/{slot}",
+                )
+                for slot in self.slot_names
+            }
+            if copy not in self.iterations and self.counts_steps:
+                self.iterations[copy] = tf.Variable(
+                    tf.constant(0, tf.int64), trainable=False, name="iterations"
+                )
+        self.slot_variables.extend(slots.values())
+        state = self._states[var.ref()] = _VariableState(name, copy, slots)
+        return state
+
+    def _unique(self, name: str) -> str:
+        taken = {s.name for s in self._states.values()}
+        candidate, n = name, 1
+        while candidate in taken:
+            candidate, n = f"{name}_{n}", n + 1
+        return candidate
 
 
-def check_checkpointable(optimizer: Any) -> None:
-    """Refuses, when a manager is made, an optimizer whose state it could not save.
+def _is_schedule(rate: Any) -> bool:
+    return callable(rate) and not isinstance(rate, (tf.Tensor, tf.Variable))
 
-    Raises:
-      TypeError: naming what is accepted.
-    """
-    if optimizer is None or isinstance(optimizer, (StatefulOptimizer, tf.Module, Mapping)):
-        return
-    if isinstance(optimizer, Sequence) and all(isinstance(v, tf.Variable) for v in optimizer):
-        return
-    raise TypeError(
-        "CheckpointManager saves an optimizer's state as variables: give a towers optimizer "
-        "(towers.SGD), a tf.Module, or a list or dict of its variables (e.g. a Keras "
-        f"optimizer's `optimizer.variables`); got {type(optimizer).__name__}."
-    )
+
+def _is_copies(variables: Any) -> bool:
+    return isinstance(variables, Mapping) and all(isinstance(v, tuple) for v in variables.values())
+
+
+def _ops(values: list) -> list:
+    """The ops of update results; a variable's assign in a graph returns an unread variable."""
+    found = []
+    for value in values:
+        if isinstance(value, (tf.Operation, tf.Tensor)):
+            found.append(value)
+        elif isinstance(getattr(value, "op", None), tf.Operation):
+            found.append(value.op)
+    return found

@@ -8,6 +8,7 @@ from towers import ops
 from towers._apply_reduced import GradientHook, apply_reduced
 from towers._devices import device_list
 from towers._optimizer import Optimizer
+from towers._optimizer_checks import AppliesGradients, is_keras
 from towers._tower_builder import replicate, resolve_strategy
 from towers._tower_context import current_tower
 from towers._variable_strategy import VariableStrategy
@@ -98,7 +99,7 @@ def variable_list(
 def train_step(
     loss_fn: Callable[[Any], Any],
     variables: Variables,
-    optimizer: Optimizer,
+    optimizer: AppliesGradients,
     inputs: Any,
     devices: Sequence[str],
     *,
@@ -154,6 +155,7 @@ def train_step(
     losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
     _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
     reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
+    _prepare(optimizer, strategy, variables, len(reduced))
     updates = apply_reduced(reduced, optimizer, gradient_hook)
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
@@ -163,6 +165,32 @@ def train_step(
     with tf.control_dependencies(_ops_of(updates)):
         loss = tf.identity(loss)
     return loss, outputs
+
+
+@tf.autograph.experimental.do_not_convert
+def _prepare(
+    optimizer: AppliesGradients, strategy: VariableStrategy, model: Any, num_copies: int
+) -> None:
+    """Names a towers optimizer's state after the model; refuses others for several copies.
+
+    A list of variables with repeated names cannot name state; the optimizer then names it
+    after the variables, made unique.
+    """
+    if num_copies == 1 and is_keras(optimizer) and not getattr(optimizer, "built", True):
+        optimizer.build(strategy.tower_variables(model, None))  # all slots, as checkpoints do
+    if isinstance(optimizer, Optimizer):
+        try:
+            copies = strategy.variable_copies(model)
+        except ValueError:
+            return
+        optimizer.build(copies)
+    elif num_copies > 1:
+        raise ValueError(
+            f"With {num_copies} copies of the variables (towers.Replicated), the optimizer must "
+            "keep state per copy and count one step per step: use a towers optimizer "
+            f"(towers.SGD, towers.Adam, ...); got {type(optimizer).__name__}, which would "
+            f"update its state {num_copies} times per step."
+        )
 
 
 @tf.autograph.experimental.do_not_convert

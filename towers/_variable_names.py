@@ -3,6 +3,7 @@
 Weight files and checkpoints use these names (see `_weight_targets` for what a target is).
 """
 
+import abc
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,23 @@ from towers.ops._tensorflow import tf
 # Canonical name -> every copy of that variable (one per replica), the first first.
 Copies = dict[str, tuple[tf.Variable, ...]]
 Variables = tf.Module | Sequence[tf.Variable] | Mapping[str, tf.Variable]
+
+
+class CopiedState(abc.ABC):
+    """State kept for every copy of a model's variables (a `towers` optimizer's).
+
+    Weight files and checkpoints name it by `variable_copies()`: one name per piece of state,
+    with the state of every copy, the first copy's first.
+    """
+
+    @abc.abstractmethod
+    def variable_copies(self) -> Copies:
+        """The state by name, with one entry per copy of its variable.
+
+        Returns:
+          Name -> the state variable of each copy, the first replica's first.
+        """
+
 
 # A tower or replica name-scope component, e.g. "tower_3/" or "tower_0_1/" or "replica_2/".
 _TOWER_COMPONENT = re.compile(r"(^|/)(tower|replica)_\d+(_\d+)?/")

@@ -2,17 +2,12 @@
 
 from collections.abc import Mapping, Sequence
 
-from towers._optimizer import StatefulOptimizer
-from towers._variable_names import Copies, names_of
+from towers._variable_names import CopiedState, Copies, names_of
 from towers._variable_strategy import VariableStrategy
 from towers.ops._tensorflow import tf
 
 Target = (
-    tf.Module
-    | Sequence[tf.Variable]
-    | Mapping[str, tf.Variable]
-    | VariableStrategy
-    | StatefulOptimizer
+    tf.Module | Sequence[tf.Variable] | Mapping[str, tf.Variable] | VariableStrategy | CopiedState
 )
 
 
@@ -49,6 +44,6 @@ def variable_copies(target: Target) -> Copies:
     """
     if isinstance(target, VariableStrategy):
         return target.variable_copies(target)
-    if isinstance(target, StatefulOptimizer):
+    if isinstance(target, CopiedState):
         return target.variable_copies()
     return {name: (var,) for name, var in names_of(target).items()}

@@ -77,7 +77,11 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         devices = test_util.devices(3)
         replicas = towers.Replicated(_build(), devices, all_reduce="ring")
         optimizer = _train(replicas, replicas.local, devices, 10, momentum=0.9)
-        self.assertLen(optimizer.slots, 3 * 4)  # 4 variables with gradients, 3 copies
+        self.assertLen(optimizer.slot_variables, 3 * 5)  # 5 variables, 3 copies
+        copies = optimizer.variable_copies()
+        names = ("b1", "embedding", "unused", "w1", "w2")
+        self.assertEqual(sorted(copies), [f"slots/{n}/momentum" for n in names])
+        self.assertEqual({len(c) for c in copies.values()}, {3})
         towers.check_replicas_identical(replicas)
         towers.check_replicas_identical(optimizer)
         reference = _reference(10, momentum=0.9)

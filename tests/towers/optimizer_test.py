@@ -1,0 +1,177 @@
+"""The optimizer base: state named like weight files, per copy, on each variable's device."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+from tests.towers import optimizers_test
+
+
+class TwoBetas(tf.Module):
+    """Two variables both named "beta": ordinary in a model, fatal for name-keyed state."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = tf.Variable(tf.ones([3]), name="beta")
+        self.second = tf.Variable(tf.ones([3]) * 2.0, name="beta")
+
+    def __call__(self, x):
+        return tf.reduce_sum(x * self.first + x * x * self.second, axis=1)
+
+
+def _build():
+    model = test_util.Model()
+    model(test_util.batch(1)[0])
+    return model
+
+
+class StateTest(tf.test.TestCase, parameterized.TestCase):
+    def test_state_is_named_by_the_model_not_by_variable_names(self):
+        model = TwoBetas()
+        optimizer = towers.Adam(0.1)
+
+        @tf.function
+        def step(x):
+            return towers.train_step(
+                lambda b: tf.reduce_mean(model(b)), model, optimizer, x, test_util.devices(2)
+            )
+
+        step(tf.ones([4, 3]))
+        self.assertEqual(
+            sorted(optimizer.variable_copies()),
+            [
+                "optimizer/iterations",
+                "slots/first/m",
+                "slots/first/v",
+                "slots/second/m",
+                "slots/second/v",
+            ],
+        )
+
+    def test_without_build_names_come_from_variables_made_unique(self):
+        first, second = tf.Variable(1.0, name="beta"), tf.Variable(2.0, name="beta")
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        optimizer.apply_gradients([(tf.constant(1.0), first), (tf.constant(1.0), second)])
+        self.assertEqual(
+            sorted(optimizer.variable_copies()), ["slots/beta/momentum", "slots/beta_1/momentum"]
+        )
+        optimizer.build({"a": first, "b": second})  # a model's names win afterwards
+        self.assertEqual(
+            sorted(optimizer.variable_copies()), ["slots/a/momentum", "slots/b/momentum"]
+        )
+
+    def test_replicated_copies_have_their_own_state_on_their_devices(self):
+        devices = test_util.devices(8)[5:]
+        replicas = towers.Replicated(_build, devices)
+        optimizer = towers.Adam(0.01)
+        optimizer.build(replicas)
+        copies = optimizer.variable_copies()
+        self.assertLen(copies["optimizer/iterations"], 3)
+        for i, device in enumerate(devices):
+            self.assertEqual(test_util.local_device(copies["slots/w1/m"][i].device), device)
+            self.assertEqual(
+                test_util.local_device(copies["optimizer/iterations"][i].device), device
+            )
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(replicas.local())(b),
+                replicas,
+                optimizer,
+                batch,
+                devices,
+            )
+
+        graph = step.get_concrete_function(test_util.batch(6)).graph
+        adam = [op for op in graph.get_operations() if op.type == "ResourceApplyAdam"]
+        self.assertLen(adam, 3 * 4)  # 4 variables with dense gradients (embedding: sparse)
+        self.assertEqual(sorted({test_util.local_device(op.device) for op in adam}), devices)
+
+    def test_arguments_are_checked_where_given(self):
+        for make, error, message in [
+            (lambda: towers.Adam(beta_1=1.0), ValueError, r"`beta_1` must be in \[0.0, 1.0\)"),
+            (lambda: towers.Adam(epsilon=0.0), ValueError, "`epsilon` must be > 0"),
+            (lambda: towers.RMSProp(rho="x"), TypeError, "`rho` must be a number"),
+            (lambda: towers.Adagrad(initial_accumulator_value=0), ValueError, "must be > 0"),
+            (lambda: towers.LARS(eta=0.0), ValueError, "`eta` must be > 0"),
+            (lambda: towers.AdamW(weight_decay=-1), ValueError, "`weight_decay` must be in"),
+            (lambda: towers.LAMB("fast"), TypeError, "`learning_rate` must be a number"),
+            (lambda: towers.SGD(0.1, momentum=1.0), ValueError, "got momentum=1.0"),
+        ]:
+            with self.assertRaisesRegex(error, message):
+                make()
+
+    def test_a_rule_is_one_short_class(self):
+        class SignSGD(towers.Optimizer):
+            def update(self, grad, var, slots, lr, step):
+                return var.assign_sub(lr * tf.sign(grad))
+
+        var = tf.Variable([1.0, -1.0])
+        SignSGD(0.5, name="sign").apply_gradients([(tf.constant([3.0, -0.1]), var)])
+        self.assertAllEqual(var, [0.5, -0.5])
+
+
+class ResumeTest(tf.test.TestCase):
+    def test_adam_with_warmup_cosine_resumes_on_another_tower_count(self):
+        """Saved after 3 steps on 2 replicated towers, resumed on 3: the uninterrupted run."""
+
+        def schedule():
+            return towers.schedules.LinearWarmup(2, towers.schedules.CosineDecay(0.01, 10))
+
+        directory = os.path.join(self.get_temp_dir(), "run")
+        reference = _numpy_adam_run(_build(), schedule(), 6)
+
+        for k, start, stop in ((2, 0, 3), (3, 3, 6)):
+            devices = test_util.devices(k)
+            replicas = towers.Replicated(_build, devices)
+            optimizer = towers.Adam(schedule())
+            with towers.CheckpointManager(directory, replicas, optimizer) as manager:
+                self.assertEqual(manager.restore_latest(), start)
+
+                @tf.function
+                def train(batch, replicas=replicas, optimizer=optimizer, devices=devices):
+                    return towers.train_step(
+                        lambda b: test_util.loss_fn(replicas.local())(b),
+                        replicas,
+                        optimizer,
+                        batch,
+                        devices,
+                    )
+
+                for i in range(start, stop):
+                    train(test_util.batch(11, seed=i))
+                manager.save(stop)
+            towers.check_replicas_identical(optimizer)
+        self.assertEqual(int(optimizer.iterations[2]), 6)
+        for got, want in zip(replicas.replicas[1].variables, reference.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _numpy_adam_run(model, schedule, steps):
+    """Adam by hand (numpy) with the schedule, on one device, whole batches."""
+    states = {v.name: {} for v in model.trainable_variables}
+    for step in range(steps):
+        with tf.GradientTape() as tape:
+            loss, _ = test_util.loss_fn(model)(test_util.batch(11, seed=step))
+        grads = tape.gradient(loss, model.trainable_variables)
+        lr = float(schedule(step))
+        for var, grad in zip(model.trainable_variables, grads):
+            if grad is not None:
+                new = optimizers_test.np_adam(
+                    var.numpy().astype(np.float64),
+                    test_util.dense(grad),
+                    states[var.name],
+                    step + 1,
+                    lr,
+                )
+                var.assign(new.astype(np.float32))
+    return model
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,86 @@
+"""What optimizers accept, and what `towers` accepts as an optimizer."""
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from towers.ops._tensorflow import tf
+
+
+class AppliesGradients(Protocol):
+    """Anything with `apply_gradients(grads_and_vars)`: all that `train_step` needs."""
+
+    def apply_gradients(self, grads_and_vars: list) -> Any:
+        """Applies one update per `(gradient, variable)` pair."""
+
+
+def check_learning_rate(learning_rate: Any) -> None:
+    """A number >= 0, a floating scalar tensor or variable, or a callable (a schedule).
+
+    Raises:
+      TypeError: for anything else.
+      ValueError: for a negative number.
+    """
+    if isinstance(learning_rate, (tf.Tensor, tf.Variable)):
+        if learning_rate.shape.rank not in (None, 0) or not learning_rate.dtype.is_floating:
+            raise TypeError(
+                f"`learning_rate` must be a floating scalar; got {learning_rate.dtype.name} of "
+                f"shape {learning_rate.shape}."
+            )
+        return
+    if callable(learning_rate):
+        return
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
+        raise TypeError(
+            "`learning_rate` must be a number, a scalar tensor or variable, or a schedule "
+            f"(a callable of the step count); got {learning_rate!r}."
+        )
+    if learning_rate < 0:
+        raise ValueError(f"`learning_rate` must be >= 0; got {learning_rate}.")
+
+
+def check_coefficient(value: Any, name: str, low: float, high: float, *, closed: bool) -> None:
+    """A number in [low, high) (or [low, high] when `closed`), else a clear error.
+
+    Raises:
+      TypeError: if `value` is not a number.
+      ValueError: if it is out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"`{name}` must be a number; got {value!r}.")
+    if not (low <= value <= high if closed else low <= value < high):
+        bracket = "]" if closed else ")"
+        raise ValueError(f"`{name}` must be in [{low}, {high}{bracket}; got {name}={value}.")
+
+
+def check_checkpointable(optimizer: Any) -> None:
+    """Refuses, when a manager is made, an optimizer whose state it could not save.
+
+    Raises:
+      TypeError: naming what is accepted.
+    """
+    if optimizer is None or isinstance(optimizer, (tf.Module, Mapping)) or is_keras(optimizer):
+        return
+    if isinstance(optimizer, (list, tuple)) and all(isinstance(v, tf.Variable) for v in optimizer):
+        return
+    hint = ""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        hint = (
+            " A tf.compat.v1.train optimizer creates its slots on its first update and has no "
+            "way to build them before: use a towers optimizer, or pass `optimizer.variables()` "
+            "once a step has run."
+        )
+    raise TypeError(
+        "CheckpointManager saves an optimizer's state as variables: give a towers optimizer "
+        "(towers.SGD, towers.Adam, ...), a Keras optimizer, a tf.Module, or a list or dict of "
+        f"its variables; got {type(optimizer).__name__}.{hint}"
+    )
+
+
+def is_keras(optimizer: Any) -> bool:
+    """Whether `optimizer` is a Keras 3 optimizer (recognized by what it provides)."""
+    return (
+        type(optimizer).__module__.startswith("keras")
+        and callable(getattr(optimizer, "build", None))
+        and hasattr(optimizer, "variables")
+        and hasattr(optimizer, "iterations")
+    )
