@@ -25,6 +25,7 @@ from towers._checkpoint_manager import CheckpointManager
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
 from towers._lamb import LAMB
 from towers._lars import LARS
+from towers._loss_scale import DynamicLossScale, LossScale
 from towers._optimizer import Optimizer
 from towers._parameter_server import ParameterServer
 from towers._replica_checks import check_replicas_identical
@@ -41,6 +42,7 @@ from towers._weights_io import RestoreReport, read_weights, restore_weights, sav
 __all__ = [
     "LAMB",
     "LARS",
+    "LossScale",
     "SGD",
     "Adagrad",
     "Adam",
@@ -49,6 +51,7 @@ __all__ = [
     "RMSProp",
     "schedules",
     "CheckpointManager",
+    "DynamicLossScale",
     "ParameterServer",
     "ReducedGradients",
     "Replicated",

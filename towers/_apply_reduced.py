@@ -1,7 +1,9 @@
 """Applying a strategy's reduced gradients: the gradient hook, checked, then the optimizer."""
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from towers._loss_scale import LossScale, scale_value
 from towers._optimizer_checks import AppliesGradients
 from towers._variable_strategy import ReducedGradients, VariableStrategy
 from towers.ops._device_scope import device_scope
@@ -14,40 +16,124 @@ def apply_reduced(
     reduced: Sequence[ReducedGradients],
     optimizer: AppliesGradients,
     gradient_hook: GradientHook | None = None,
+    *,
+    loss_scale: LossScale | float | None = None,
+    nonfinite: str | None = None,
 ) -> list:
-    """Applies each copy's reduced gradients: the hook (if any), then the optimizer.
+    """Applies each copy's reduced gradients: unscaled, the hook (if any), the optimizer.
 
     Args:
       reduced: From a strategy's `reduce_gradients`.
       optimizer: Anything with `apply_gradients`; each copy's update is built under its
         `device` (when it has one), each variable's on that variable's device.
-      gradient_hook: As in `train_step`, called once per entry of `reduced`.
+      gradient_hook: As in `train_step`, called once per entry of `reduced` with the unscaled
+        gradients.
+      loss_scale: The loss scale the gradients carry (divided out here); a `LossScale`
+        object is also told whether the step was finite.
+      nonfinite: What a gradient with a NaN or Inf does: "raise" (the step fails before any
+        variable changes), "skip" (no copy is updated, the optimizer's state included) or
+        None (no check).
 
     Returns:
-      The optimizer's updates, one per entry.
+      The updates, one per entry (and the loss scale's update).
 
     Raises:
       ValueError: if the hook returns the wrong number of gradients, or one of a wrong shape
         or dtype (checked while the graph is built); rows of `tf.IndexedSlices` it returns
-        are checked when the step runs, before any variable changes.
+        are checked when the step runs, before any variable changes; or if `nonfinite` is
+        unknown.
       TypeError: if the hook is not callable or returns something else than gradients.
     """
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
-    hooked, checks = [], []
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
+    hooked, checks, finite = [], [], []
     for copy in reduced:
-        grads = copy.grads
-        if gradient_hook is not None:
-            with device_scope(copy.device):
-                grads = gradient_hook(grads, copy.variables)
-                checks += _checked(grads, copy.grads, copy.variables)
+        with device_scope(copy.device):
+            given = grads = _unscaled(copy.grads, loss_scale)
+            if gradient_hook is not None:
+                grads = gradient_hook(given, copy.variables)
+                checks += _checked(grads, given, copy.variables)
+            if nonfinite is not None:
+                finite.append(all_finite(grads))
+            if nonfinite == "raise":
+                checks.append(_assert_finite(finite[-1], copy.variables))
         hooked.append(grads)
     updates = []
-    for copy, grads in zip(reduced, hooked):
-        with device_scope(copy.device), tf.control_dependencies(checks):
+    for i, (copy, grads) in enumerate(zip(reduced, hooked)):
+        with device_scope(copy.device), tf.control_dependencies(_ops(checks)):
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
-            updates.append(optimizer.apply_gradients(pairs))
+            if nonfinite == "skip":
+                updates.append(_applied_if(finite[i], optimizer, pairs))
+            else:
+                updates.append(optimizer.apply_gradients(pairs))
+    if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
+        with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
+            updates.append(loss_scale.update(finite[0] if finite else tf.constant(True)))
     return updates
+
+
+NONFINITE = ("raise", "skip", None)
+
+
+@tf.autograph.experimental.do_not_convert
+def all_finite(grads: Sequence) -> tf.Tensor:
+    """Whether every value of every gradient is finite (a boolean scalar)."""
+    checks = [
+        tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+        for g in grads
+        if g is not None
+    ]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
+    if loss_scale is None:
+        return list(grads)
+    inverse = 1.0 / tf.cast(scale_value(loss_scale), tf.float32)
+    out = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            g = tf.IndexedSlices(
+                g.values * tf.cast(inverse, g.values.dtype), g.indices, g.dense_shape
+            )
+        elif g is not None:
+            g = g * tf.cast(inverse, g.dtype)
+        out.append(g)
+    return out
+
+
+def _assert_finite(finite: tf.Tensor, variables: list) -> Any:
+    return tf.debugging.Assert(
+        finite,
+        [
+            f"A gradient holds NaN or Inf; no variable was changed. Variables: "
+            f"{[v.name for v in variables]}. Pass nonfinite='skip' (or a loss scale) to skip such "
+            "steps instead."
+        ],
+    )
+
+
+def _applied_if(finite: tf.Tensor, optimizer: AppliesGradients, pairs: list) -> tf.Tensor:
+    """The update under `tf.cond`: a True output when applied, False when skipped."""
+
+    def apply() -> tf.Tensor:
+        update = optimizer.apply_gradients(pairs)
+        with tf.control_dependencies(_ops(tf.nest.flatten(update))):
+            return tf.constant(True)
+
+    return tf.cond(finite, apply, lambda: tf.constant(False))
+
+
+def _ops(values: list) -> list:
+    found = []
+    for value in values:
+        if isinstance(value, (tf.Operation, tf.Tensor)):
+            found.append(value)
+        elif isinstance(getattr(value, "op", None), tf.Operation):
+            found.append(value.op)
+    return found
 
 
 def apply_replicated(

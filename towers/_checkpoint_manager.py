@@ -1,15 +1,14 @@
 """A checkpoint manager for training loops: periodic saves, keep last k, keep best, resume."""
 
 import dataclasses
-import math
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from towers import _weight_formats
 from towers._atomic_files import as_path, remove_stale_temporaries
+from towers._checkpoint_args import check_step, checked_extra, finite_number, is_int
 from towers._checkpoint_files import EXTENSIONS, LOCK, NAME, next_serial, remove
 from towers._checkpoint_records import (
     Record,
@@ -51,6 +50,8 @@ class CheckpointManager:
         Keras' `ModelCheckpoint(save_best_only=True)`; None to keep no best.
       suffix: The format: ".npz" (default: numpy alone reads it), ".h5" (faster), or ".ckpt"
         (or "") for TensorFlow checkpoints.
+      extra: More state to keep with the optimizer's, by key: e.g. `{"loss_scale":
+        towers.DynamicLossScale()}`; each a `tf.Module`, list or dict of variables.
 
     Raises:
       ValueError: for an argument out of range.
@@ -77,18 +78,20 @@ class CheckpointManager:
         keep_last: int = 3,
         monitor: str | None = None,
         suffix: str = ".npz",
+        extra: Mapping[str, Target] | None = None,
     ):
-        if every_n_steps is not None and (not _is_int(every_n_steps) or every_n_steps < 1):
+        if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
             raise ValueError(
                 f"`every_n_steps` must be a positive int or None; got {every_n_steps!r}."
             )
-        if not _is_int(keep_last) or keep_last < 1:
+        if not is_int(keep_last) or keep_last < 1:
             raise ValueError(f"`keep_last` must be a positive int; got {keep_last!r}.")
         if monitor not in (None, "min", "max"):
             raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
         if suffix not in EXTENSIONS:
             raise ValueError(f"`suffix` must be one of {sorted(EXTENSIONS)}; got {suffix!r}.")
         check_checkpointable(optimizer)
+        self.extra = checked_extra(extra)
         self.directory = as_path(directory, "directory")
         if not self.directory:
             raise ValueError("`directory` must name a directory; got ''.")
@@ -154,7 +157,7 @@ class CheckpointManager:
         Raises:
           ValueError: as `save`.
         """
-        step = _check_step(step)
+        step = check_step(step)
         if self.every_n_steps is None or step % self.every_n_steps:
             return False
         self.save(step, value)
@@ -178,7 +181,7 @@ class CheckpointManager:
             missing or not a finite number.
           RuntimeError: after `close()`.
         """
-        step, number = _check_step(step), _finite(value)
+        step, number = check_step(step), finite_number(value)
         if self.monitor and number is None:
             raise ValueError(
                 f"`value` must be a finite number when monitor={self.monitor!r}; got {value!r}."
@@ -219,7 +222,9 @@ class CheckpointManager:
             return 0
         latest = self._checkpoints[-1]
         weights, state = self._path(latest.weights), self._path(latest.state)
-        restore_checkpoint(self.model, self.optimizer, weights, state, latest.step, strict=strict)
+        restore_checkpoint(
+            self.model, self.optimizer, self.extra, weights, state, latest.step, strict=strict
+        )
         return latest.step
 
     def _write(self, kind: str, step: int, value: float | None) -> Record:
@@ -233,7 +238,7 @@ class CheckpointManager:
         self._records.append(pending)  # its files are ours from now on, whatever happens
         save_weights(self.model, self._path(pending.weights))
         if pending.state:
-            arrays = state_arrays(self.model, self.optimizer, step)
+            arrays = state_arrays(self.model, self.optimizer, self.extra, step)
             _weight_formats.write(self._path(pending.state), arrays)
         record = dataclasses.replace(pending, complete=True)
         write_record(self.directory, record)
@@ -277,20 +282,3 @@ class CheckpointManager:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
-
-
-def _check_step(step: Any) -> int:
-    if not _is_int(step) or not 0 <= step < 2**63:
-        raise ValueError(f"`step` must be an int >= 0 (and < 2**63); got {step!r}.")
-    return int(step)
-
-
-def _finite(value: Any) -> float | None:
-    """`value` as a float if it is a finite real number, else None."""
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        return float(value) if math.isfinite(value) else None
-    return None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -3,6 +3,7 @@
 Everything is read and checked first, then everything assigned.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -10,19 +11,31 @@ import numpy as np
 from towers import _weight_formats
 from towers._optimizer import Optimizer
 from towers._optimizer_checks import is_keras
+from towers._variable_names import Copies
 from towers._weight_targets import Target, named_variables, variable_copies
 from towers._weights_io import assign_arrays, match_arrays
 
 STEP = "__step__"
 
 
-def state_arrays(model: Target, optimizer: Any, step: int) -> dict[str, np.ndarray]:
-    """The state file's arrays: the step, and the optimizer's state by name."""
+def state_arrays(
+    model: Target, optimizer: Any, extra: Mapping[str, Target], step: int
+) -> dict[str, np.ndarray]:
+    """The state file's arrays: the step, the optimizer's state, "extra/<key>/..." state."""
     arrays = {STEP: np.asarray(step, np.int64)}
-    if optimizer is not None:
-        state = optimizer_state(model, optimizer)
-        arrays.update({n: v.numpy() for n, v in named_variables(state).items()})
+    copies = state_copies(model, optimizer, extra)
+    arrays.update({name: group[0].numpy() for name, group in copies.items()})
     return arrays
+
+
+def state_copies(model: Target, optimizer: Any, extra: Mapping[str, Target]) -> Copies:
+    """Every copy of the state a checkpoint keeps besides the weights and the step."""
+    copies = {}
+    if optimizer is not None:
+        copies.update(variable_copies(optimizer_state(model, optimizer)))
+    for key, target in extra.items():
+        copies.update({f"extra/{key}/{n}": group for n, group in variable_copies(target).items()})
+    return copies
 
 
 def optimizer_state(model: Target, optimizer: Any) -> Any:
@@ -42,9 +55,16 @@ def optimizer_state(model: Target, optimizer: Any) -> Any:
 
 
 def restore_checkpoint(
-    model: Target, optimizer: Any, weights: str, state: str, step: int, *, strict: bool
+    model: Target,
+    optimizer: Any,
+    extra: Mapping[str, Target],
+    weights: str,
+    state: str,
+    step: int,
+    *,
+    strict: bool,
 ) -> None:
-    """Restores weights and optimizer state, all or nothing.
+    """Restores weights, optimizer and extra state, all or nothing.
 
     Both files are read and verified, the step checked, and every name, shape and dtype
     matched before anything is assigned.
@@ -57,9 +77,10 @@ def restore_checkpoint(
     if STEP not in state_arrays_ or int(state_arrays_[STEP]) != step:
         raise ValueError(f"The state file {state!r} does not hold step {step}.")
     plans = [(variable_copies(model), weight_arrays, weights)]
-    if optimizer is not None:
+    copies = state_copies(model, optimizer, extra)
+    if optimizer is not None or extra:  # else the file's state is not looked at
         saved = {k: v for k, v in state_arrays_.items() if k != STEP}
-        plans.append((variable_copies(optimizer_state(model, optimizer)), saved, state))
+        plans.append((copies, saved, state))
     reports = [
         match_arrays(copies, arrays, where, strict=strict) for copies, arrays, where in plans
     ]

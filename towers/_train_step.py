@@ -5,8 +5,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from towers import ops
-from towers._apply_reduced import GradientHook, apply_reduced
+from towers._apply_reduced import NONFINITE, GradientHook, apply_reduced
 from towers._devices import device_list
+from towers._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value
 from towers._optimizer import Optimizer
 from towers._optimizer_checks import AppliesGradients, is_keras
 from towers._tower_builder import replicate, resolve_strategy
@@ -23,6 +24,7 @@ def tower_gradients(
     shard: Any,
     *,
     variable_strategy: VariableStrategy | None = None,
+    loss_scale: Any = None,
 ) -> tuple[tf.Tensor, Any, list]:
     """Runs `loss_fn` on one shard and returns its loss, outputs and gradients.
 
@@ -35,6 +37,8 @@ def tower_gradients(
       shard: This tower's inputs.
       variable_strategy: The strategy that says which variables this tower reads; default
         the strategy of the tower being built (`replicate`'s), else as in `train_step`.
+      loss_scale: None, a number or a `towers.LossScale`: the gradients are those of the
+        loss times the scale (the loss returned is not scaled).
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -46,8 +50,13 @@ def tower_gradients(
     strategy = resolve_strategy(variables, variable_strategy)
     with tf.GradientTape() as tape:
         result = loss_fn(shard)
-    loss, outputs = _loss_and_outputs(result)
-    return loss, outputs, tape.gradient(loss, strategy.tower_variables(variables, current_tower()))
+        loss, outputs = _loss_and_outputs(result)
+        scaled = loss if loss_scale is None else loss * tf.cast(scale_value(loss_scale), loss.dtype)
+    return (
+        loss,
+        outputs,
+        tape.gradient(scaled, strategy.tower_variables(variables, current_tower())),
+    )
 
 
 @tf.autograph.experimental.do_not_convert
@@ -108,6 +117,8 @@ def train_step(
     variable_strategy: VariableStrategy | None = None,
     split_device: str | None = "/cpu:0",
     merge_device: str | None = "/cpu:0",
+    loss_scale: LossScale | float | None = None,
+    nonfinite: str | None = "default",
 ) -> tuple[tf.Tensor, Any]:
     """Splits `inputs`, builds one tower per device, reduces the gradients and applies them.
 
@@ -134,6 +145,15 @@ def train_step(
         warning, when `variables` is itself a strategy (`Replicated`).
       split_device: Where the batch is split.
       merge_device: Where the losses and outputs are merged.
+      loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
+        (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
+        differentiates its loss times the scale; the reduced gradients are divided by it
+        before the hook; a step whose gradients are not all finite is skipped by every
+        copy. The returned loss is not scaled.
+      nonfinite: What a NaN or Inf gradient does: "raise" (the step fails, no variable
+        changes; the default without a loss scale), "skip" (nothing is updated, optimizer
+        state included; the default with one, counted by a `LossScale` object) or None (no
+        check).
 
     Returns:
       `(loss, outputs)`: the mean loss over the whole batch (evaluating it in a v1 Session
@@ -146,17 +166,23 @@ def train_step(
     """
     strategy = resolve_strategy(variables, variable_strategy)
     devices = device_list(devices)
+    loss_scale = as_loss_scale(loss_scale)
+    nonfinite = _nonfinite(nonfinite, loss_scale)
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     shards = ops.split_batch(inputs, len(devices), device=split_device)
     sizes = ops.shard_sizes(inputs, len(devices))
-    tower_fn = functools.partial(tower_gradients, loss_fn, variables, variable_strategy=strategy)
+    tower_fn = functools.partial(
+        tower_gradients, loss_fn, variables, variable_strategy=strategy, loss_scale=loss_scale
+    )
     per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
     losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
     _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
     reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
     _prepare(optimizer, strategy, variables, len(reduced))
-    updates = apply_reduced(reduced, optimizer, gradient_hook)
+    updates = apply_reduced(
+        reduced, optimizer, gradient_hook, loss_scale=loss_scale, nonfinite=nonfinite
+    )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
@@ -165,6 +191,19 @@ def train_step(
     with tf.control_dependencies(_ops_of(updates)):
         loss = tf.identity(loss)
     return loss, outputs
+
+
+def _nonfinite(nonfinite: str | None, loss_scale: Any) -> str | None:
+    if nonfinite == "default":
+        return "raise" if loss_scale is None else "skip"
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
+    if isinstance(loss_scale, DynamicLossScale) and nonfinite != "skip":
+        raise ValueError(
+            "A DynamicLossScale overflows now and then by design: its steps must be skipped, "
+            f"not {nonfinite!r}. Leave `nonfinite` at its default."
+        )
+    return nonfinite
 
 
 @tf.autograph.experimental.do_not_convert
