@@ -28,6 +28,7 @@ TOWERS_NAMES = [
     "AdamW",
     "CheckpointManager",
     "DynamicLossScale",
+    "GradientAccumulator",
     "LAMB",
     "LARS",
     "LossScale",

@@ -18,6 +18,7 @@ from towers import (
     ops,  # first: gives the one clear message when TensorFlow is missing
     schedules,
 )
+from towers._accumulator import GradientAccumulator
 from towers._adagrad import Adagrad
 from towers._adam import Adam, AdamW
 from towers._apply_reduced import apply_reduced, apply_replicated
@@ -52,6 +53,7 @@ __all__ = [
     "schedules",
     "CheckpointManager",
     "DynamicLossScale",
+    "GradientAccumulator",
     "ParameterServer",
     "ReducedGradients",
     "Replicated",

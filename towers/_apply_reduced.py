@@ -3,6 +3,7 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from towers._accumulator import GradientAccumulator
 from towers._loss_scale import LossScale, scale_value
 from towers._optimizer_checks import AppliesGradients
 from towers._variable_strategy import ReducedGradients, VariableStrategy
@@ -19,6 +20,8 @@ def apply_reduced(
     *,
     loss_scale: LossScale | float | None = None,
     nonfinite: str | None = None,
+    accumulate: GradientAccumulator | None = None,
+    batch_size: Any = None,
 ) -> list:
     """Applies each copy's reduced gradients: unscaled, the hook (if any), the optimizer.
 
@@ -27,15 +30,18 @@ def apply_reduced(
       optimizer: Anything with `apply_gradients`; each copy's update is built under its
         `device` (when it has one), each variable's on that variable's device.
       gradient_hook: As in `train_step`, called once per entry of `reduced` with the unscaled
-        gradients.
+        (and accumulated) gradients.
       loss_scale: The loss scale the gradients carry (divided out here); a `LossScale`
         object is also told whether the step was finite.
       nonfinite: What a gradient with a NaN or Inf does: "raise" (the step fails before any
         variable changes), "skip" (no copy is updated, the optimizer's state included) or
         None (no check).
+      accumulate: A `GradientAccumulator`: the gradients are added to its sums, and the
+        hook and the optimizer run only every `every` calls, on the mean.
+      batch_size: This call's number of examples (needed with `accumulate`).
 
     Returns:
-      The updates, one per entry (and the loss scale's update).
+      The updates (and the loss scale's and the accumulator's).
 
     Raises:
       ValueError: if the hook returns the wrong number of gradients, or one of a wrong shape
@@ -48,13 +54,33 @@ def apply_reduced(
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     if nonfinite not in NONFINITE:
         raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
-    hooked, checks, finite = [], [], []
+    given = []
     for copy in reduced:
         with device_scope(copy.device):
-            given = grads = _unscaled(copy.grads, loss_scale)
+            grads = _unscaled(copy.grads, loss_scale)
+            if accumulate is not None:
+                grads = accumulate.add(grads, copy.variables, batch_size)
+            given.append(grads)
+
+    def now() -> list:
+        return _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite)
+
+    if accumulate is None:
+        return now()
+    ready = accumulate.ready()
+    applied = tf.cond(ready, lambda: _true_after(now()), lambda: tf.constant(False))
+    return [applied, accumulate.finish(ready, batch_size, after=_ops([applied]))]
+
+
+def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) -> list:
+    """The hook on each copy's gradients, their checks, then the optimizer (or a skip)."""
+    hooked, checks, finite = [], [], []
+    for copy, grads in zip(reduced, given):
+        with device_scope(copy.device):
             if gradient_hook is not None:
-                grads = gradient_hook(given, copy.variables)
-                checks += _checked(grads, given, copy.variables)
+                hooked_grads = gradient_hook(grads, copy.variables)
+                checks += _checked(hooked_grads, grads, copy.variables)
+                grads = hooked_grads
             if nonfinite is not None:
                 finite.append(all_finite(grads))
             if nonfinite == "raise":
@@ -72,6 +98,11 @@ def apply_reduced(
         with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
             updates.append(loss_scale.update(finite[0] if finite else tf.constant(True)))
     return updates
+
+
+def _true_after(updates: list) -> tf.Tensor:
+    with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
+        return tf.constant(True)
 
 
 NONFINITE = ("raise", "skip", None)
@@ -119,9 +150,7 @@ def _applied_if(finite: tf.Tensor, optimizer: AppliesGradients, pairs: list) -> 
     """The update under `tf.cond`: a True output when applied, False when skipped."""
 
     def apply() -> tf.Tensor:
-        update = optimizer.apply_gradients(pairs)
-        with tf.control_dependencies(_ops(tf.nest.flatten(update))):
-            return tf.constant(True)
+        return _true_after([optimizer.apply_gradients(pairs)])
 
     return tf.cond(finite, apply, lambda: tf.constant(False))
 

@@ -5,9 +5,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from towers import ops
+from towers._accumulator import GradientAccumulator
 from towers._apply_reduced import NONFINITE, GradientHook, apply_reduced
 from towers._devices import device_list
 from towers._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value
+from towers._micro_batches import check_micro_batches, in_micro_batches
 from towers._optimizer import Optimizer
 from towers._optimizer_checks import AppliesGradients, is_keras
 from towers._tower_builder import replicate, resolve_strategy
@@ -25,6 +27,8 @@ def tower_gradients(
     *,
     variable_strategy: VariableStrategy | None = None,
     loss_scale: Any = None,
+    micro_batches: int = 1,
+    merge: str | Any = "concat",
 ) -> tuple[tf.Tensor, Any, list]:
     """Runs `loss_fn` on one shard and returns its loss, outputs and gradients.
 
@@ -39,6 +43,9 @@ def tower_gradients(
         the strategy of the tower being built (`replicate`'s), else as in `train_step`.
       loss_scale: None, a number or a `towers.LossScale`: the gradients are those of the
         loss times the scale (the loss returned is not scaled).
+      micro_batches: Run the shard as this many parts, one after the other (the memory of
+        one part), gradients and loss averaged by part size.
+      merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -48,15 +55,19 @@ def tower_gradients(
       ValueError: if the loss is not a floating scalar, or there are no variables.
     """
     strategy = resolve_strategy(variables, variable_strategy)
-    with tf.GradientTape() as tape:
-        result = loss_fn(shard)
-        loss, outputs = _loss_and_outputs(result)
-        scaled = loss if loss_scale is None else loss * tf.cast(scale_value(loss_scale), loss.dtype)
-    return (
-        loss,
-        outputs,
-        tape.gradient(scaled, strategy.tower_variables(variables, current_tower())),
-    )
+    micro_batches = check_micro_batches(micro_batches)
+
+    def one_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
+        with tf.GradientTape() as tape:
+            loss, outputs = _loss_and_outputs(loss_fn(inputs))
+            scale = 1.0 if loss_scale is None else scale_value(loss_scale)
+            scaled = loss if loss_scale is None else loss * tf.cast(scale, loss.dtype)
+        trained = strategy.tower_variables(variables, current_tower())
+        return loss, outputs, tape.gradient(scaled, trained)
+
+    if micro_batches == 1:
+        return one_pass(shard)
+    return in_micro_batches(one_pass, shard, micro_batches, merge)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -119,6 +130,8 @@ def train_step(
     merge_device: str | None = "/cpu:0",
     loss_scale: LossScale | float | None = None,
     nonfinite: str | None = "default",
+    micro_batches: int = 1,
+    accumulate: GradientAccumulator | None = None,
 ) -> tuple[tf.Tensor, Any]:
     """Splits `inputs`, builds one tower per device, reduces the gradients and applies them.
 
@@ -145,6 +158,10 @@ def train_step(
         warning, when `variables` is itself a strategy (`Replicated`).
       split_device: Where the batch is split.
       merge_device: Where the losses and outputs are merged.
+      micro_batches: Run each tower's shard as this many parts in sequence (the memory of
+        one part), their gradients averaged by size before the reduction: the same step.
+      accumulate: A `towers.GradientAccumulator`: update every `accumulate.every` calls,
+        with the exact mean gradient of their batches (the hook sees that mean).
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
         differentiates its loss times the scale; the reduced gradients are divided by it
@@ -173,15 +190,33 @@ def train_step(
     shards = ops.split_batch(inputs, len(devices), device=split_device)
     sizes = ops.shard_sizes(inputs, len(devices))
     tower_fn = functools.partial(
-        tower_gradients, loss_fn, variables, variable_strategy=strategy, loss_scale=loss_scale
+        tower_gradients,
+        loss_fn,
+        variables,
+        variable_strategy=strategy,
+        loss_scale=loss_scale,
+        micro_batches=check_micro_batches(micro_batches),
+        merge=merge,
     )
     per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
     losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
     _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
     reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
     _prepare(optimizer, strategy, variables, len(reduced))
+    if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
+        raise TypeError(
+            f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
+        )
+    if accumulate is not None:
+        accumulate.build(strategy.variable_copies(variables))
     updates = apply_reduced(
-        reduced, optimizer, gradient_hook, loss_scale=loss_scale, nonfinite=nonfinite
+        reduced,
+        optimizer,
+        gradient_hook,
+        loss_scale=loss_scale,
+        nonfinite=nonfinite,
+        accumulate=accumulate,
+        batch_size=_total(sizes),
     )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
@@ -191,6 +226,10 @@ def train_step(
     with tf.control_dependencies(_ops_of(updates)):
         loss = tf.identity(loss)
     return loss, outputs
+
+
+def _total(sizes: list) -> Any:
+    return sum(sizes) if all(isinstance(n, int) for n in sizes) else tf.add_n(sizes)
 
 
 def _nonfinite(nonfinite: str | None, loss_scale: Any) -> str | None:
