@@ -6,6 +6,7 @@ the same code path as on a multi-GPU machine runs anywhere:
     python examples/quickstart.py --steps=200
     python examples/quickstart.py --towers=4 --compare_one_device
     python examples/quickstart.py --replicated
+    python examples/quickstart.py --compute_dtype=bfloat16
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=100
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=200 --resume --towers=2
 """
@@ -35,6 +36,12 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoin
 _REPLICATED = flags.DEFINE_bool(
     "replicated", False, "One copy of the model per device, gradients all-reduced."
 )
+_COMPUTE = flags.DEFINE_enum(
+    "compute_dtype",
+    "float32",
+    ["float32", "bfloat16", "float16"],
+    "Compute in this dtype over float32 master weights (float16 with a dynamic loss scale).",
+)
 _COMPARE = flags.DEFINE_bool(
     "compare_one_device",
     False,
@@ -45,21 +52,32 @@ IMAGE, CLASSES = 16, 10
 
 
 class ConvNet(tf.Module):
-    """conv3x3(16) - relu - maxpool - conv3x3(32) - relu - global mean - dense(10)."""
+    """conv3x3(16) - relu - maxpool - conv3x3(32) - relu - global mean - dense(10).
 
-    def __init__(self, seed: int = 0):
+    Mixed precision, the recipe: the variables stay float32 (the master weights the optimizer
+    updates); `__call__` casts them and the images to `compute_dtype` (bfloat16 or float16)
+    and the logits back to float32, so the loss and the gradients that reach the variables
+    are float32. float16 also needs a loss scale (`train_step(loss_scale=...)`).
+    """
+
+    def __init__(self, seed: int = 0, compute_dtype: tf.DType = tf.float32):
         super().__init__(name="convnet")
+        self.compute_dtype = tf.as_dtype(compute_dtype)
         self.conv1 = tf.Variable(_glorot([3, 3, 1, 16], seed, 1), name="conv1")
         self.conv2 = tf.Variable(_glorot([3, 3, 16, 32], seed, 2), name="conv2")
         self.dense = tf.Variable(_glorot([32, CLASSES], seed, 3), name="dense")
         self.bias = tf.Variable(tf.zeros([CLASSES]), name="bias")
 
     def __call__(self, images: tf.Tensor) -> tf.Tensor:
-        """Logits for a batch of [batch, 16, 16, 1] images."""
-        x = tf.nn.relu(tf.nn.conv2d(images, self.conv1, strides=1, padding="SAME"))
+        """Float32 logits for a batch of [batch, 16, 16, 1] images."""
+        dtype = self.compute_dtype
+        conv1, conv2, dense, bias = (
+            tf.cast(v, dtype) for v in (self.conv1, self.conv2, self.dense, self.bias)
+        )
+        x = tf.nn.relu(tf.nn.conv2d(tf.cast(images, dtype), conv1, strides=1, padding="SAME"))
         x = tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME")
-        x = tf.nn.relu(tf.nn.conv2d(x, self.conv2, strides=1, padding="SAME"))
-        return tf.matmul(tf.reduce_mean(x, axis=[1, 2]), self.dense) + self.bias
+        x = tf.nn.relu(tf.nn.conv2d(x, conv2, strides=1, padding="SAME"))
+        return tf.cast(tf.matmul(tf.reduce_mean(x, axis=[1, 2]), dense) + bias, tf.float32)
 
 
 def _glorot(shape: list[int], seed: int, index: int) -> tf.Tensor:
@@ -102,6 +120,7 @@ def train(
     save_every: int = 0,
     resume: bool = False,
     replicated: bool = False,
+    compute_dtype: str = "float32",
 ) -> dict:
     """Trains a `ConvNet` with `towers.train_step` on `devices`.
 
@@ -120,18 +139,25 @@ def train(
     Raises:
       ValueError: if `checkpoint_dir` already has checkpoints and `resume` is False.
     """
+    # float16 needs a loss scale; bfloat16 has float32's range and does not.
+    loss_scale = towers.DynamicLossScale() if compute_dtype == "float16" else None
     images, labels = make_data(batch_size * 8, seed)
     optimizer = towers.SGD(learning_rate)
     if replicated:
-        variables = towers.Replicated(lambda: ConvNet(seed), devices)
+        variables = towers.Replicated(lambda: ConvNet(seed, compute_dtype), devices)
         local_model = variables.local  # each tower's own copy
     else:
-        variables = ConvNet(seed)
+        variables = ConvNet(seed, compute_dtype)
         local_model = lambda: variables  # noqa: E731  (one copy, shared by the towers)
     manager, start = None, 0
     if checkpoint_dir:
         manager = towers.CheckpointManager(
-            checkpoint_dir, variables, optimizer, every_n_steps=save_every or None, monitor="min"
+            checkpoint_dir,
+            variables,
+            optimizer,
+            every_n_steps=save_every or None,
+            monitor="min",
+            extra={"loss_scale": loss_scale} if loss_scale is not None else None,
         )
         if manager.steps and not resume:
             manager.close()
@@ -150,7 +176,9 @@ def train(
 
     @tf.function
     def step(batch):
-        loss, _ = towers.train_step(loss_fn, variables, optimizer, batch, devices)
+        loss, _ = towers.train_step(
+            loss_fn, variables, optimizer, batch, devices, loss_scale=loss_scale
+        )
         return loss
 
     losses, seconds = [], []
@@ -204,6 +232,7 @@ def main(argv: list[str]) -> None:
         save_every=_SAVE_EVERY.value,
         resume=_RESUME.value,
         replicated=_REPLICATED.value,
+        compute_dtype=_COMPUTE.value,
     )
     if result["manager"]:
         logging.info("best weights: %s", result["manager"].best_weights)

@@ -5,6 +5,12 @@ from typing import Any
 
 from towers import ops
 from towers.ops._tensorflow import tf
+from towers.ops._weighted_mean import accumulation_dtype, normalized_weights
+
+
+def _weights(sizes: list) -> list:
+    """The parts' weights of the mean: their sizes, normalized."""
+    return normalized_weights(sizes, len(sizes), "micro_batches")
 
 
 def check_micro_batches(micro_batches: Any) -> int:
@@ -53,18 +59,60 @@ def in_micro_batches(
         raise ValueError(
             f"A tower's shard must hold at least micro_batches={micro_batches} examples: {error}"
         ) from None
-    losses, outputs, grads, before = [], [], [], []
-    for part in parts:
+    weights = _weights(sizes)
+    losses, outputs, total, before = [], [], None, []
+    for part, weight in zip(parts, weights):
         if before:
             with tf.control_dependencies(before):
                 part = tf.nest.map_structure(tf.identity, part)
-        loss, out, part_grads = one_pass(part)
+        loss, out, grads = one_pass(part)
         losses.append(loss)
         outputs.append(out)
-        grads.append(part_grads)
+        total = _added(total, grads, weight)  # a running sum: one part's gradients alive
         before = [
-            g.values if isinstance(g, tf.IndexedSlices) else g for g in part_grads if g is not None
+            g.values if isinstance(g, tf.IndexedSlices) else g for g in total if g is not None
         ]
     loss = ops.merge_outputs(losses, "mean", weights=sizes)
     merged = None if outputs[0] is None else ops.merge_outputs(outputs, merge, weights=sizes)
-    return loss, merged, ops.average_gradients(grads, weights=sizes)
+    return loss, merged, [_cast_back(t, g) for t, g in zip(total, grads)]
+
+
+def _added(total: list | None, grads: list, weight: Any) -> list:
+    """`total + weight * grads` per variable; sparse stays sparse, halves add in float32."""
+    scaled = [None if g is None else _scaled(g, weight) for g in grads]
+    if total is None:
+        return scaled
+    out = []
+    for t, g in zip(total, scaled):
+        if t is None or g is None:
+            out.append(g if t is None else t)
+        elif isinstance(t, tf.IndexedSlices) and isinstance(g, tf.IndexedSlices):
+            out.append(
+                tf.IndexedSlices(
+                    tf.concat([t.values, g.values], 0),
+                    tf.concat([t.indices, g.indices], 0),
+                    t.dense_shape,
+                )
+            )
+        else:
+            out.append(tf.convert_to_tensor(t) + tf.convert_to_tensor(g))
+    return out
+
+
+def _scaled(grad: Any, weight: Any) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        wide = accumulation_dtype(grad.values.dtype)
+        values = tf.cast(grad.values, wide) * tf.cast(weight, wide)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    wide = accumulation_dtype(grad.dtype)
+    return tf.cast(grad, wide) * tf.cast(weight, wide)
+
+
+def _cast_back(total: Any, like: Any) -> Any:
+    if total is None:
+        return None
+    if isinstance(total, tf.IndexedSlices):
+        dtype = like.values.dtype if isinstance(like, tf.IndexedSlices) else like.dtype
+        return tf.IndexedSlices(tf.cast(total.values, dtype), total.indices, total.dense_shape)
+    dtype = like.values.dtype if isinstance(like, tf.IndexedSlices) else like.dtype
+    return tf.cast(total, dtype)

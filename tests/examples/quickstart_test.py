@@ -48,6 +48,17 @@ class QuickstartTest(tf.test.TestCase):
         reference, _ = _reference(30, 6, 0.1)
         _assert_same_model(replicated["model"], reference)
 
+    def test_half_precision_compute_trains_like_float32(self):
+        """60 steps: mean of the last 10 losses within 3% (bfloat16) and 1% (float16)."""
+        devices = quickstart.choose_devices(4)
+        final = {}
+        for dtype in ("float32", "bfloat16", "float16"):
+            losses = quickstart.train(devices, 128, 60, 0.2, compute_dtype=dtype)["losses"]
+            final[dtype] = statistics.mean(losses[-10:])
+        self.assertLess(final["float32"], 1.5)  # it did learn
+        self.assertAllClose(final["bfloat16"], final["float32"], rtol=0.03)
+        self.assertAllClose(final["float16"], final["float32"], rtol=0.01)
+
     def test_data_is_deterministic_and_balanced(self):
         images, labels = quickstart.make_data(1000, seed=3)
         again, _ = quickstart.make_data(1000, seed=3)

@@ -9,9 +9,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from towers.bench import _tables, _worker  # noqa: E402
+from towers.bench import _memory, _tables, _worker  # noqa: E402
 
-_SUITE = flags.DEFINE_enum("suite", "step", ["step", "weights"], "What to measure.")
+_SUITE = flags.DEFINE_enum("suite", "step", ["step", "weights", "memory"], "What to measure.")
 _MODELS = flags.DEFINE_list("models", ["mlp", "cnn", "many_small"], "Models (step suite).")
 _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
 _BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
@@ -19,6 +19,12 @@ _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the media
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed steps after the first call.")
 _ALGORITHMS = flags.DEFINE_list(
     "algorithms", ["reduce_broadcast", "ring", "collective"], "Replicated all-reduces."
+)
+_OPTIMIZER = flags.DEFINE_enum(
+    "optimizer", "sgd", ["sgd", "momentum", "adam"], "The rule every configuration uses."
+)
+_MICRO = flags.DEFINE_list(
+    "micro_batches", ["1", "4"], "Micro-batches to compare (memory suite, first of --towers)."
 )
 _BUCKET = flags.DEFINE_integer("bucket_bytes", 4 * 2**20, "Packing bucket; 0 for no packing.")
 _WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
@@ -45,6 +51,17 @@ def main(argv: list[str]) -> None:
     if _SUITE.value == "weights":
         print(_tables.weights_report(_WEIGHTS_MB.value, _NUM_VARIABLES.value, _REPEATS.value))
         return
+    if _SUITE.value == "memory":
+        towers_, batch = int(_TOWERS.value[0]), _BATCH.value or 8192
+        rows = _memory.peak_megabytes(towers_, batch, [int(m) for m in _MICRO.value])
+        title = f"memory: 784-1024-1024-10, {towers_} tower(s), global batch {batch}, 3 steps"
+        header = ["micro-batches", "peak MB (tower devices)", "loss"]
+        print(
+            title
+            + "\n"
+            + _tables.format_table(header, [(m, mb, f"{loss:.6f}") for m, mb, loss in rows])
+        )
+        return
     settings = dict(
         models=_MODELS.value,
         batch_size=_BATCH.value,
@@ -52,6 +69,7 @@ def main(argv: list[str]) -> None:
         warmup=_WARMUP.value,
         algorithms=_ALGORITHMS.value,
         bucket_bytes=_BUCKET.value or None,
+        optimizer=_OPTIMIZER.value,
     )
     if _WORKER.value:
         for row in _worker.run_worker(_WORKER.value, **settings):
@@ -64,6 +82,7 @@ def main(argv: list[str]) -> None:
         f"--warmup={_WARMUP.value}",
         f"--algorithms={','.join(_ALGORITHMS.value)}",
         f"--bucket_bytes={_BUCKET.value}",
+        f"--optimizer={_OPTIMIZER.value}",
     ]
     rows = step_suite_rows(_MODELS.value, [int(t) for t in _TOWERS.value], passed)
     print(_tables.step_table(rows))

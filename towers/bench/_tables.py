@@ -50,7 +50,7 @@ def step_table(rows: list[dict]) -> str:
     note = (
         "x one device, x mirrored: that time divided by this row's (above 1: this row is "
         "faster). all-reduces: per device and step. loss: the last step's, the same for "
-        "every configuration (same weights, data and steps)."
+        f"every configuration (same weights, data, steps and rule: {rows[0]['optimizer']})."
     )
     return format_table(header, lines) + "\n" + note
 

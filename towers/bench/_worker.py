@@ -22,6 +22,7 @@ def run_worker(
     warmup: int,
     algorithms: list[str],
     bucket_bytes: int | None,
+    optimizer: str = "sgd",
 ) -> list[dict]:
     """One row per (model, configuration) on `num_devices` devices.
 
@@ -37,7 +38,8 @@ def run_worker(
     for model in models:
         size = batch_size or DEFAULT_BATCH[model]
         data = batch(MODELS[model], size)
-        for label, build in configurations(algorithms, bucket_bytes, strategy).items():
+        compared = configurations(algorithms, bucket_bytes, strategy, optimizer)
+        for label, build in compared.items():
             step = build(model, devices)
             trace, seconds, loss = _time(step, data, steps, warmup)
             rows.append(
@@ -45,6 +47,7 @@ def run_worker(
                     "model": model,
                     "towers": num_devices,
                     "config": label,
+                    "optimizer": optimizer,
                     "batch": size,
                     "trace_s": trace,
                     "step_ms": seconds * 1e3,
