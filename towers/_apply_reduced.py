@@ -5,7 +5,9 @@ from typing import Any
 
 from towers._accumulator import GradientAccumulator
 from towers._loss_scale import LossScale, scale_value
+from towers._optimizer import Optimizer
 from towers._optimizer_checks import AppliesGradients
+from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import ReducedGradients, VariableStrategy
 from towers.ops._device_scope import device_scope
 from towers.ops._tensorflow import tf
@@ -13,6 +15,7 @@ from towers.ops._tensorflow import tf
 GradientHook = Callable[[list, list], Sequence]
 
 
+@user_code_entry
 def apply_reduced(
     reduced: Sequence[ReducedGradients],
     optimizer: AppliesGradients,
@@ -74,11 +77,15 @@ def apply_reduced(
 
 def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) -> list:
     """The hook on each copy's gradients, their checks, then the optimizer (or a skip)."""
+    hook = None if gradient_hook is None else as_caller_would(gradient_hook)
+    apply_gradients = optimizer.apply_gradients
+    if not isinstance(optimizer, Optimizer):  # a user's rule may use Python control flow
+        apply_gradients = as_caller_would(apply_gradients)
     hooked, checks, finite = [], [], []
     for copy, grads in zip(reduced, given):
         with device_scope(copy.device):
-            if gradient_hook is not None:
-                hooked_grads = gradient_hook(grads, copy.variables)
+            if hook is not None:
+                hooked_grads = hook(grads, copy.variables)
                 checks += _checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
             if nonfinite is not None:
@@ -91,9 +98,9 @@ def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) 
         with device_scope(copy.device), tf.control_dependencies(_ops(checks)):
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
             if nonfinite == "skip":
-                updates.append(_applied_if(finite[i], optimizer, pairs))
+                updates.append(_applied_if(finite[i], apply_gradients, pairs))
             else:
-                updates.append(optimizer.apply_gradients(pairs))
+                updates.append(apply_gradients(pairs))
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
         with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
             updates.append(loss_scale.update(finite[0] if finite else tf.constant(True)))
@@ -146,11 +153,11 @@ def _assert_finite(finite: tf.Tensor, variables: list) -> Any:
     )
 
 
-def _applied_if(finite: tf.Tensor, optimizer: AppliesGradients, pairs: list) -> tf.Tensor:
+def _applied_if(finite: tf.Tensor, apply_gradients: Callable, pairs: list) -> tf.Tensor:
     """The update under `tf.cond`: a True output when applied, False when skipped."""
 
     def apply() -> tf.Tensor:
-        return _true_after([optimizer.apply_gradients(pairs)])
+        return _true_after([apply_gradients(pairs)])
 
     return tf.cond(finite, apply, lambda: tf.constant(False))
 

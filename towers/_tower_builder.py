@@ -7,10 +7,12 @@ from typing import Any
 from towers._devices import check_devices_exist, device_list
 from towers._parameter_server import ParameterServer
 from towers._tower_context import TowerContext, current_tower
+from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import VariableStrategy
 from towers.ops._tensorflow import tf
 
 
+@user_code_entry
 def replicate(
     fn: Callable[[Any], Any],
     shards: Sequence[Any],
@@ -57,6 +59,7 @@ def replicate(
         raise RuntimeError("towers.replicate was called inside a tower; towers do not nest.")
     check_devices_exist(devices)
     strategy = resolve_strategy(None, variable_strategy)
+    fn = as_caller_would(fn)
     results = []
     for i, (shard, device) in enumerate(zip(shards, devices)):
         with tf.device(device), tf.name_scope(f"tower_{i}") as scope:

@@ -14,12 +14,14 @@ from towers._optimizer import Optimizer
 from towers._optimizer_checks import AppliesGradients, is_keras
 from towers._tower_builder import replicate, resolve_strategy
 from towers._tower_context import current_tower
+from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import VariableStrategy
 from towers.ops._tensorflow import tf
 
 Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
 
 
+@user_code_entry
 def tower_gradients(
     loss_fn: Callable[[Any], Any],
     variables: Variables,
@@ -56,6 +58,7 @@ def tower_gradients(
     """
     strategy = resolve_strategy(variables, variable_strategy)
     micro_batches = check_micro_batches(micro_batches)
+    loss_fn = as_caller_would(loss_fn)
 
     def one_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
         with tf.GradientTape() as tape:
@@ -116,6 +119,7 @@ def variable_list(
     return strategy.tower_variables(variables, current_tower())
 
 
+@user_code_entry
 def train_step(
     loss_fn: Callable[[Any], Any],
     variables: Variables,
