@@ -118,7 +118,11 @@ class StateTest(tf.test.TestCase, parameterized.TestCase):
 
 class ResumeTest(tf.test.TestCase):
     def test_adam_with_warmup_cosine_resumes_on_another_tower_count(self):
-        """Saved after 3 steps on 2 replicated towers, resumed on 3: the uninterrupted run."""
+        """Saved after 3 steps on 2 replicated towers, resumed on 3: the uninterrupted run.
+
+        With a dynamic loss scale (powers of two: exact for finite float32 gradients) that
+        grows every 2 steps: its scale and counts resume too.
+        """
 
         def schedule():
             return towers.schedules.LinearWarmup(2, towers.schedules.CosineDecay(0.01, 10))
@@ -130,17 +134,21 @@ class ResumeTest(tf.test.TestCase):
             devices = test_util.devices(k)
             replicas = towers.Replicated(_build, devices)
             optimizer = towers.Adam(schedule())
-            with towers.CheckpointManager(directory, replicas, optimizer) as manager:
+            scale = towers.DynamicLossScale(2.0**10, growth_interval=2)
+            with towers.CheckpointManager(
+                directory, replicas, optimizer, extra={"loss_scale": scale}
+            ) as manager:
                 self.assertEqual(manager.restore_latest(), start)
 
                 @tf.function
-                def train(batch, replicas=replicas, optimizer=optimizer, devices=devices):
+                def train(batch, replicas=replicas, optimizer=optimizer, devices=devices, s=scale):
                     return towers.train_step(
                         lambda b: test_util.loss_fn(replicas.local())(b),
                         replicas,
                         optimizer,
                         batch,
                         devices,
+                        loss_scale=s,
                     )
 
                 for i in range(start, stop):
@@ -148,6 +156,8 @@ class ResumeTest(tf.test.TestCase):
                 manager.save(stop)
             towers.check_replicas_identical(optimizer)
         self.assertEqual(int(optimizer.iterations[2]), 6)
+        self.assertEqual(float(scale.scale), 2.0**13)  # grown 3 times in 6 steps, not 2^11
+        self.assertEqual(int(scale.skipped_steps), 0)
         for got, want in zip(replicas.replicas[1].variables, reference.variables):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
