@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from towers._optimizer import LearningRate, Optimizer
-from towers._optimizer_checks import check_coefficient
+from towers._optimizer_checks import check_coefficient, check_decays_representable
 from towers.ops._tensorflow import tf
 
 
@@ -56,6 +56,7 @@ class Adam(Optimizer):
         step: tf.Tensor,
     ) -> Any:
         """See `Optimizer.update`."""
+        check_decays_representable(var, beta_1=self.beta_1, beta_2=self.beta_2)
         b1, b2 = tf.cast(self.beta_1, var.dtype), tf.cast(self.beta_2, var.dtype)
         return tf.raw_ops.ResourceApplyAdam(
             var=var.handle,

@@ -57,6 +57,7 @@ def apply_reduced(
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     if nonfinite not in NONFINITE:
         raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
+    _state_per_copy(optimizer, reduced)
     given = []
     for copy in reduced:
         with device_scope(copy.device):
@@ -93,18 +94,44 @@ def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) 
             if nonfinite == "raise":
                 checks.append(_assert_finite(finite[-1], copy.variables))
         hooked.append(grads)
+    # One verdict for all copies: a hook that treats copies differently must not split them.
+    finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
     updates = []
-    for i, (copy, grads) in enumerate(zip(reduced, hooked)):
+    for copy, grads in zip(reduced, hooked):
         with device_scope(copy.device), tf.control_dependencies(_ops(checks)):
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
             if nonfinite == "skip":
-                updates.append(_applied_if(finite[i], apply_gradients, pairs))
+                updates.append(_applied_if(finite, apply_gradients, pairs))
             else:
                 updates.append(apply_gradients(pairs))
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
         with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
-            updates.append(loss_scale.update(finite[0] if finite else tf.constant(True)))
+            updates.append(loss_scale.update(finite))
     return updates
+
+
+@tf.autograph.experimental.do_not_convert
+def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradients]) -> None:
+    """Gives every copy its own optimizer state, or refuses an optimizer that cannot.
+
+    A towers optimizer builds state for copy i from `reduced[i]`, named as copy 0's (state
+    built already, e.g. by `train_step` from the model's names, stays as it is). Any other
+    optimizer would keep one state for all copies and update it once per copy per step.
+    """
+    if len(reduced) < 2:
+        return
+    if not isinstance(optimizer, Optimizer):
+        raise ValueError(
+            f"With {len(reduced)} copies of the variables (towers.Replicated), the optimizer "
+            "must keep state per copy and count one step per step: use a towers optimizer "
+            f"(towers.SGD, towers.Adam, ...); got {type(optimizer).__name__}, which would "
+            f"update its state {len(reduced)} times per step."
+        )
+    firsts = reduced[0].variables
+    names = [optimizer.state_name(var) for var in firsts]
+    optimizer.build(
+        {name: tuple(copy.variables[j] for copy in reduced) for j, name in enumerate(names)}
+    )
 
 
 def _true_after(updates: list) -> tf.Tensor:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from towers import _weight_formats
+from towers._accumulator import GradientAccumulator
 from towers._optimizer import Optimizer
 from towers._optimizer_checks import is_keras
 from towers._variable_names import Copies
@@ -34,6 +35,8 @@ def state_copies(model: Target, optimizer: Any, extra: Mapping[str, Target]) -> 
     if optimizer is not None:
         copies.update(variable_copies(optimizer_state(model, optimizer)))
     for key, target in extra.items():
+        if isinstance(target, GradientAccumulator):  # its sums, like slots, follow the model
+            target.build(variable_copies(model))
         copies.update({f"extra/{key}/{n}": group for n, group in variable_copies(target).items()})
     return copies
 
@@ -49,9 +52,26 @@ def optimizer_state(model: Target, optimizer: Any) -> Any:
     elif is_keras(optimizer):
         if not getattr(optimizer, "built", False):
             optimizer.build([v for v in named_variables(model).values() if v.trainable])
-        # Paths start with the optimizer's own name ("adam_1/..."), which varies by program.
-        return {v.path.split("/", 1)[-1]: v.value for v in optimizer.variables}
+        return _keras_state(optimizer)
     return optimizer
+
+
+def _keras_state(optimizer: Any) -> dict[str, Any]:
+    """A Keras optimizer's variables by path, without the optimizer's own name.
+
+    Paths start with that name ("adam_1/..."), which varies by program. Keras names slots
+    after the variables' TensorFlow names, which two variables may share ("beta"); repeats
+    get "_1", "_2"... in the optimizer's order, which follows the model's variable order.
+    """
+    named: dict[str, Any] = {}
+    for var in optimizer.variables:
+        base = name = var.path.split("/", 1)[-1]
+        n = 0
+        while name in named:
+            n += 1
+            name = f"{base}_{n}"
+        named[name] = var.value
+    return named
 
 
 def restore_checkpoint(

@@ -5,7 +5,7 @@ from typing import Any
 
 from towers._adam import Adam
 from towers._optimizer import LearningRate
-from towers._optimizer_checks import check_coefficient
+from towers._optimizer_checks import check_coefficient, check_decays_representable
 from towers.ops._tensorflow import tf
 
 
@@ -55,6 +55,7 @@ class LAMB(Adam):
         step: tf.Tensor,
     ) -> Any:
         """See `Optimizer.update`."""
+        check_decays_representable(var, beta_1=self.beta_1, beta_2=self.beta_2)
         b1, b2 = tf.cast(self.beta_1, var.dtype), tf.cast(self.beta_2, var.dtype)
         m = slots["m"].assign(b1 * slots["m"] + (1 - b1) * grad)
         v = slots["v"].assign(b2 * slots["v"] + (1 - b2) * tf.square(grad))

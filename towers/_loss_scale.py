@@ -112,11 +112,12 @@ class DynamicLossScale(LossScale):
         """
         with tf.device(self.scale.device):
             good = self.good_steps + 1
+            grown = self.scale * self.growth_factor
+            # Never to inf: an infinite scale could not back off (inf * 0.5 is inf).
             grow = tf.logical_and(finite, good >= self.growth_interval)
+            grow = tf.logical_and(grow, tf.math.is_finite(grown))
             backed_off = tf.maximum(self.scale * self.backoff_factor, self.min_scale)
-            scale = tf.where(
-                finite, tf.where(grow, self.scale * self.growth_factor, self.scale), backed_off
-            )
+            scale = tf.where(finite, tf.where(grow, grown, self.scale), backed_off)
             good = tf.where(tf.logical_and(finite, tf.logical_not(grow)), good, 0)
             return tf.group(
                 self.scale.assign(scale), self.good_steps.assign(good), super().update(finite)

@@ -133,6 +133,17 @@ class Optimizer(tf.Module, CopiedState):
             for copy, var in enumerate(group):
                 self._state_of(var, name, copy)
 
+    def state_name(self, var: tf.Variable) -> str:
+        """The name the state of `var` goes by in weight files (its state is made if new).
+
+        Args:
+          var: A variable this optimizer updates.
+
+        Returns:
+          The canonical name, e.g. "dense/kernel" (state "slots/dense/kernel/m").
+        """
+        return self._state_of(var).name
+
     def variable_copies(self) -> Copies:
         """The state by name: "slots/<variable>/<slot>" and "optimizer/iterations".
 
@@ -213,7 +224,7 @@ class Optimizer(tf.Module, CopiedState):
         Returns:
           Whether any pattern is found in the name.
         """
-        name = self._state_of(var).name
+        name = self.state_name(var)
         return any(re.search(p, name, re.IGNORECASE) for p in patterns)
 
     def _update_one(self, grad, var, slots, lr, step):

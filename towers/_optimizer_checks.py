@@ -1,7 +1,11 @@
 """What optimizers accept, and what `towers` accepts as an optimizer."""
 
+import inspect
+import numbers
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+import numpy as np
 
 from towers.ops._tensorflow import tf
 
@@ -28,14 +32,49 @@ def check_learning_rate(learning_rate: Any) -> None:
             )
         return
     if callable(learning_rate):
+        _check_takes_step(learning_rate)
         return
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real):
         raise TypeError(
             "`learning_rate` must be a number, a scalar tensor or variable, or a schedule "
             f"(a callable of the step count); got {learning_rate!r}."
         )
     if learning_rate < 0:
         raise ValueError(f"`learning_rate` must be >= 0; got {learning_rate}.")
+
+
+def _check_takes_step(schedule: Any) -> None:
+    """Refuses a callable that cannot take the step count (e.g. a Keras 2 `lambda: 0.1`)."""
+    try:
+        inspect.signature(schedule).bind(0)
+    except TypeError:
+        raise TypeError(
+            f"A callable `learning_rate` is a schedule: it is called with the optimizer's step "
+            f"count; got {schedule!r}, which cannot take one argument. Write `lambda step: ...`."
+        ) from None
+    except ValueError:  # no signature to read (some builtins): trust it
+        pass
+
+
+def check_decays_representable(var: Any, **decays: float) -> None:
+    """Refuses a variable whose dtype rounds a decay rate to 1 (bfloat16 rounds 0.999 so).
+
+    Such a rule would divide by `1 - decay**step` = 0 or never update; master weights in
+    float32 (the mixed-precision recipe) avoid it.
+
+    Raises:
+      ValueError: naming the variable, the decay and what it rounds to.
+    """
+    dtype = var.dtype.as_numpy_dtype
+    for label, decay in decays.items():
+        rounded = float(np.asarray(decay, dtype=dtype))
+        if rounded >= 1.0:
+            raise ValueError(
+                f"`{label}`={decay} rounds to {rounded} in {var.dtype.name}, the dtype of "
+                f"variable {var.name}: the update would be 0 or NaN. Keep the trained "
+                f"variables in float32 and compute in {var.dtype.name} (see the README's mixed "
+                "precision recipe)."
+            )
 
 
 def check_coefficient(value: Any, name: str, low: float, high: float, *, closed: bool) -> None:
@@ -45,7 +84,7 @@ def check_coefficient(value: Any, name: str, low: float, high: float, *, closed:
       TypeError: if `value` is not a number.
       ValueError: if it is out of range.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"`{name}` must be a number; got {value!r}.")
     if not (low <= value <= high if closed else low <= value < high):
         bracket = "]" if closed else ")"

@@ -253,10 +253,11 @@ def _nonfinite(nonfinite: str | None, loss_scale: Any) -> str | None:
 def _prepare(
     optimizer: AppliesGradients, strategy: VariableStrategy, model: Any, num_copies: int
 ) -> None:
-    """Names a towers optimizer's state after the model; refuses others for several copies.
+    """Names a towers optimizer's state after the model; builds a lone Keras optimizer.
 
     A list of variables with repeated names cannot name state; the optimizer then names it
-    after the variables, made unique.
+    after the variables, made unique. (`apply_reduced` refuses foreign optimizers for several
+    copies.)
     """
     if num_copies == 1 and is_keras(optimizer) and not getattr(optimizer, "built", True):
         optimizer.build(strategy.tower_variables(model, None))  # all slots, as checkpoints do
@@ -266,13 +267,6 @@ def _prepare(
         except ValueError:
             return
         optimizer.build(copies)
-    elif num_copies > 1:
-        raise ValueError(
-            f"With {num_copies} copies of the variables (towers.Replicated), the optimizer must "
-            "keep state per copy and count one step per step: use a towers optimizer "
-            f"(towers.SGD, towers.Adam, ...); got {type(optimizer).__name__}, which would "
-            f"update its state {num_copies} times per step."
-        )
 
 
 @tf.autograph.experimental.do_not_convert

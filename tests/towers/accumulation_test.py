@@ -187,7 +187,6 @@ class AcrossCallsTest(tf.test.TestCase, parameterized.TestCase):
             run(first, accumulator, batches[:2])
             manager.save(2)
         second, accumulator = _build(), towers.GradientAccumulator(3)
-        accumulator.build(towers.ParameterServer().variable_copies(second))
         with towers.CheckpointManager(directory, second, extra={"acc": accumulator}) as manager:
             self.assertEqual(manager.restore_latest(), 2)
         self.assertEqual(int(accumulator.calls), 2)

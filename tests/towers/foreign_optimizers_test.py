@@ -8,6 +8,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from tests.towers import optimizer_test
 
 STEPS = 4
 
@@ -42,6 +43,12 @@ def _train(optimizer, devices, model=None, start=0, stop=STEPS):
     return model
 
 
+def _build():
+    model = test_util.Model()
+    model(test_util.batch(1)[0])
+    return model
+
+
 class ForeignOptimizerTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(
         ("keras adam", lambda: keras.optimizers.Adam(0.01)),
@@ -58,12 +65,7 @@ class ForeignOptimizerTest(tf.test.TestCase, parameterized.TestCase):
     def test_replicated_refuses_them(self):
         devices = test_util.devices(2)
 
-        def build():
-            model = test_util.Model()
-            model(test_util.batch(1)[0])
-            return model
-
-        replicas = towers.Replicated(build, devices)
+        replicas = towers.Replicated(_build, devices)
         for optimizer in (keras.optimizers.Adam(0.01), tf.compat.v1.train.AdamOptimizer(0.01)):
             with self.assertRaisesRegex(
                 ValueError, "With 2 copies .* use a towers optimizer .* 2 times per step"
@@ -75,6 +77,35 @@ class ForeignOptimizerTest(tf.test.TestCase, parameterized.TestCase):
                     test_util.batch(4),
                     devices,
                 )
+
+    def test_the_stage_by_stage_api_refuses_them_too(self):
+        devices = test_util.devices(2)
+        replicas = towers.Replicated(_build, devices)
+        tower_grads = towers.replicate(
+            lambda b: towers.tower_gradients(test_util.loss_fn(replicas.local()), replicas, b)[2],
+            towers.ops.split_batch(test_util.batch(4), 2),
+            devices,
+            variable_strategy=replicas,
+        )
+        for optimizer in (keras.optimizers.Adam(0.01), tf.compat.v1.train.AdamOptimizer(0.01)):
+            with self.assertRaisesRegex(ValueError, "With 2 copies .* use a towers optimizer"):
+                towers.apply_replicated(replicas, tower_grads, [2, 2], optimizer)
+
+    def test_a_keras_optimizers_state_for_variables_of_one_name_is_all_kept(self):
+        """Keras names slots after TensorFlow names, which two variables may share."""
+        directory = os.path.join(self.get_temp_dir(), "run")
+        model, optimizer = optimizer_test.TwoBetas(), keras.optimizers.Adam(0.1)
+        optimizer.build(list(model.variables))
+        for var, value in zip(optimizer.variables[2:], range(1, 5)):
+            var.assign(tf.fill(var.shape, float(value)))
+        with towers.CheckpointManager(directory, model, optimizer) as manager:
+            manager.save(1)
+        again = keras.optimizers.Adam(0.1)
+        with towers.CheckpointManager(directory, optimizer_test.TwoBetas(), again) as manager:
+            self.assertEqual(manager.restore_latest(), 1)
+        self.assertLen(again.variables, len(optimizer.variables))
+        for got, want in zip(again.variables, optimizer.variables):
+            self.assertAllEqual(got, want)
 
     def test_checkpoints_keep_a_keras_optimizers_state(self):
         directory = os.path.join(self.get_temp_dir(), "run")

@@ -62,6 +62,13 @@ class DynamicLossScaleTest(tf.test.TestCase):
         self.assertEqual(int(scale.skipped_steps), 3)
         self.assertEqual(int(scale.good_steps), 1)
 
+    def test_never_grows_to_inf(self):
+        scale = towers.DynamicLossScale(initial_scale=2.0**127, growth_interval=1)
+        scale.update(tf.constant(True))
+        self.assertEqual(float(scale.scale), 2.0**127)  # 2^128 is inf in float32
+        scale.update(tf.constant(False))
+        self.assertEqual(float(scale.scale), 2.0**126)
+
     def test_arguments_are_checked(self):
         for make, error, message in [
             (lambda: towers.DynamicLossScale(growth_interval=0), ValueError, "must be >= 1"),
@@ -145,6 +152,33 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
             )
         for got, want in zip(model.variables, before):
             self.assertAllEqual(got, want)
+
+    def test_copies_skip_alike_when_only_one_copy_is_not_finite(self):
+        devices = test_util.devices(2)
+        replicas = towers.Replicated(_build, devices)
+        before = [v.numpy() for v in replicas.replicas[0].variables]
+        scale = towers.DynamicLossScale(2.0**10)
+
+        def spoil_the_second_copy(grads, variables):
+            if variables[0] is replicas.replicas[1].variables[0]:
+                return [
+                    None if g is None else tf.constant(test_util.dense(g) * np.nan) for g in grads
+                ]
+            return grads
+
+        towers.train_step(
+            lambda b: test_util.loss_fn(replicas.local())(b),
+            replicas,
+            towers.SGD(0.1),
+            _batch(0),
+            devices,
+            gradient_hook=spoil_the_second_copy,
+            loss_scale=scale,
+        )
+        towers.check_replicas_identical(replicas)
+        for got, want in zip(replicas.replicas[0].variables, before):
+            self.assertAllEqual(got, want)
+        self.assertEqual(int(scale.skipped_steps), 1)
 
     def test_without_a_check_nan_reaches_the_weights(self):
         model = _build()

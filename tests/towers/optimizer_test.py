@@ -106,6 +106,43 @@ class StateTest(tf.test.TestCase, parameterized.TestCase):
             with self.assertRaisesRegex(error, message):
                 make()
 
+    def test_the_stage_by_stage_api_gives_each_copy_its_own_state(self):
+        devices = test_util.devices(2)
+        replicas = towers.Replicated(_build, devices)
+        optimizer = towers.Adam(0.01)
+
+        @tf.function
+        def step(batch):
+            tower_grads = towers.replicate(
+                lambda b: towers.tower_gradients(test_util.loss_fn(replicas.local()), replicas, b)[
+                    2
+                ],
+                towers.ops.split_batch(batch, 2),
+                devices,
+                variable_strategy=replicas,
+            )
+            towers.apply_replicated(replicas, tower_grads, [3, 2], optimizer)
+
+        for i in range(3):
+            step(test_util.batch(5, seed=i))
+        self.assertEqual([int(c) for c in optimizer.iterations.values()], [3, 3])
+        self.assertIn("slots/w1/m", optimizer.variable_copies())
+        towers.check_replicas_identical(replicas)
+
+    def test_numpy_numbers_are_numbers_and_a_schedule_takes_the_step(self):
+        towers.SGD(np.float32(0.1), momentum=np.float32(0.9))
+        towers.Adam(np.float64(0.001), beta_1=np.float16(0.5))
+        with self.assertRaisesRegex(TypeError, "cannot take one argument. Write `lambda step"):
+            towers.Adam(lambda: 0.1)
+
+    def test_a_dtype_that_rounds_a_decay_to_one_is_refused(self):
+        var = tf.Variable(tf.ones([3], tf.bfloat16), name="w")
+        for optimizer in (towers.Adam(0.1), towers.LAMB(0.1)):
+            with self.assertRaisesRegex(ValueError, r"`beta_2`=0.999 rounds to 1.0 in bfloat16"):
+                optimizer.apply_gradients([(tf.ones([3], tf.bfloat16), var)])
+        towers.SGD(0.5).apply_gradients([(tf.ones([3], tf.bfloat16), var)])
+        self.assertAllEqual(var, [0.5, 0.5, 0.5])
+
     def test_a_rule_is_one_short_class(self):
         class SignSGD(towers.Optimizer):
             def update(self, grad, var, slots, lr, step):
