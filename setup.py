@@ -26,6 +26,6 @@ setuptools.setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]{TF_VERSION}"],
-        "test": ["pytest", "ruff", "h5py", "wheel"],
+        "test": ["pytest", "ruff", "h5py", "wheel", "tf-keras"],
     },
 )

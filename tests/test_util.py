@@ -100,7 +100,9 @@ def reference_gradients(model: Model, full_batch) -> tuple[list, list]:
         return tape.gradient(loss, variables), variables
 
 
-def reference_step(model: tf.Module, loss_fn, learning_rate: float, momentum: float = 0.0):
+def reference_step(
+    model: tf.Module, loss_fn, learning_rate: float, momentum: float = 0.0, variables=None
+):
     """A hand-written single-device SGD step: one tape on the whole batch, a plain update.
 
     No `towers` code is involved: this is what every equivalence test compares against.
@@ -111,6 +113,7 @@ def reference_step(model: tf.Module, loss_fn, learning_rate: float, momentum: fl
       loss_fn: `loss_fn(batch)` returns the batch's mean loss (or `(loss, outputs)`).
       learning_rate: The step size.
       momentum: The momentum coefficient; 0 for plain SGD.
+      variables: The variables to train; default `model.trainable_variables`.
 
     Returns:
       A `tf.function` taking a batch and returning `(loss, outputs)` before the update.
@@ -123,8 +126,8 @@ def reference_step(model: tf.Module, loss_fn, learning_rate: float, momentum: fl
             with tf.GradientTape() as tape:
                 result = loss_fn(batch)
             loss, outputs = result if isinstance(result, tuple) else (result, None)
-            variables = model.trainable_variables
-            for var, grad in zip(variables, tape.gradient(loss, variables)):
+            trained = model.trainable_variables if variables is None else variables
+            for var, grad in zip(trained, tape.gradient(loss, trained)):
                 if grad is None:
                     continue
                 grad = tf.convert_to_tensor(grad)

@@ -7,7 +7,16 @@ import abc
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from towers._keras_objects import (
+    as_tf_variable,
+    is_keras_layer,
+    is_keras_variable,
+    keras_children,
+    own_variables,
+)
+from towers._keras_objects import frozen as keras_frozen
 from towers._tower_context import TowerContext
 from towers.ops._tensorflow import tf
 
@@ -41,6 +50,9 @@ def names_of(variables: Variables) -> dict[str, tf.Variable]:
 
     * A `tf.Module`: attribute paths, e.g. "encoder/layers/0/w", the same in a K-tower and a
       single-device program that build the same module (name scopes play no part).
+    * A Keras layer or model, alone or inside a `tf.Module`: sub-layers by attribute or by
+      position in `layers`, then each layer's variables by short name ("seq/layers/0/kernel");
+      never Keras' auto-numbered names ("dense_7"). See `_keras_objects`.
     * A list of variables: their names without ":0" and without tower or replica scopes.
     * A dict of name to variable: the names as given.
 
@@ -48,10 +60,8 @@ def names_of(variables: Variables) -> dict[str, tf.Variable]:
       TypeError: if `variables` or an entry is of another type.
       ValueError: if two variables of a list share a name.
     """
-    if isinstance(variables, tf.Module):
-        found: dict[str, tf.Variable] = {}
-        _walk(variables, (), found, set())
-        return found
+    if isinstance(variables, tf.Module) or is_keras_layer(variables):
+        return walk_model(variables)[0]
     if isinstance(variables, Mapping):
         for name, var in variables.items():
             if not isinstance(name, str) or not isinstance(var, tf.Variable):
@@ -105,11 +115,32 @@ def without_tower_scope(tower: TowerContext) -> contextlib.AbstractContextManage
     return tf.name_scope(scope)
 
 
-def _walk(node, path: tuple, found: dict, seen: set) -> None:
-    """Depth-first over modules, dicts and sequences, attributes in sorted order."""
-    if isinstance(node, tf.Variable):
-        if not any(v is node for v in found.values()):
-            found["/".join(path)] = node
+def walk_model(model: Any) -> tuple[dict[str, tf.Variable], set]:
+    """The variables of a `tf.Module` or Keras object by path, and the refs of frozen ones.
+
+    Frozen: what a Keras layer lists as non-trainable (its state, or all of a layer set to
+    `trainable = False`), whatever the `tf.Variable`'s own flag says.
+    """
+    found: dict[str, tf.Variable] = {}
+    frozen: set = set()
+    _walk(model, (), found, (set(), frozen))
+    return found, frozen
+
+
+def _walk(node, path: tuple, found: dict, marks: tuple) -> None:
+    """Depth-first over modules, Keras layers, dicts and sequences, attributes sorted."""
+    seen, frozen = marks
+    if isinstance(node, tf.Variable) or is_keras_variable(node):
+        _add(found, path, as_tf_variable(node))
+    elif is_keras_layer(node):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        for key, child in keras_children(node):
+            _walk(child, (*path, key), found, marks)
+        for short, var in own_variables(node):  # those no public attribute holds
+            _add(found, (*path, short), var)
+        frozen.update(v.ref() for v in keras_frozen(node))
     elif isinstance(node, tf.Module):
         if id(node) in seen:
             return
@@ -118,10 +149,22 @@ def _walk(node, path: tuple, found: dict, seen: set) -> None:
         ignored = node._TF_MODULE_IGNORED_PROPERTIES | tf.Module._TF_MODULE_IGNORED_PROPERTIES
         for key in sorted(vars(node)):
             if key not in ignored:
-                _walk(vars(node)[key], (*path, key), found, seen)
+                _walk(vars(node)[key], (*path, key), found, marks)
     elif isinstance(node, Mapping):
         for key in sorted(node, key=str):
-            _walk(node[key], (*path, str(key)), found, seen)
+            _walk(node[key], (*path, str(key)), found, marks)
     elif isinstance(node, (list, tuple)):
         for i, child in enumerate(node):
-            _walk(child, (*path, str(i)), found, seen)
+            _walk(child, (*path, str(i)), found, marks)
+
+
+def _add(found: dict, path: tuple, var: tf.Variable) -> None:
+    """Names `var` by `path` unless it has a name already; a taken path gets "_1", "_2"..."""
+    if any(v is var for v in found.values()):
+        return
+    name = base = "/".join(path)
+    n = 0
+    while name in found:
+        n += 1
+        name = f"{base}_{n}"
+    found[name] = var

@@ -11,8 +11,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from towers._keras_objects import is_keras_layer
 from towers._tower_context import TowerContext
-from towers._variable_names import Copies
+from towers._variable_names import Copies, walk_model
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
 from towers.ops._weighted_mean import Weight
@@ -108,13 +109,17 @@ class VariableStrategy(abc.ABC):
 
 @tf.autograph.experimental.do_not_convert
 def trainable_list(model: Any) -> list[tf.Variable]:
-    """The trainable variables of a `tf.Module`, or a sequence of variables as a list.
+    """The trainable variables of a model, or a sequence of variables as a list.
+
+    A model is a `tf.Module` or a Keras layer or model (or a `tf.Module` holding them); its
+    variables come in `towers.save_weights` order, and a frozen Keras layer's are left out.
 
     Raises:
       ValueError: if there are none, or something else than a variable is among them.
     """
-    if isinstance(model, tf.Module):
-        found = list(model.trainable_variables)
+    if isinstance(model, tf.Module) or is_keras_layer(model):
+        named, frozen = walk_model(model)
+        found = [v for v in named.values() if v.trainable and v.ref() not in frozen]
     elif isinstance(model, Sequence) and not isinstance(model, (str, bytes)):
         found = list(model)
     elif isinstance(model, Mapping):
