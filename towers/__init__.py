@@ -22,8 +22,11 @@ from towers._accumulator import GradientAccumulator
 from towers._adagrad import Adagrad
 from towers._adam import Adam, AdamW
 from towers._apply_reduced import apply_reduced, apply_replicated
+from towers._batch_norm import BatchNorm, batch_moments
 from towers._checkpoint_manager import CheckpointManager
+from towers._cross_tower import cross_tower_sum
 from towers._devices import canonical_device, list_devices, session_config, simulate_devices
+from towers._evaluate import Evaluation, evaluate
 from towers._lamb import LAMB
 from towers._lars import LARS
 from towers._loss_scale import DynamicLossScale, LossScale
@@ -33,10 +36,12 @@ from towers._replica_checks import check_replicas_identical
 from towers._replicated import Replicated
 from towers._rmsprop import RMSProp
 from towers._sgd import SGD
+from towers._step_timer import StepTimer
+from towers._summaries import summary_scalar
 from towers._tower_builder import replicate
 from towers._tower_context import TowerContext, current_tower
 from towers._train_step import tower_gradients, train_step, variable_list
-from towers._variable_strategy import ReducedGradients, VariableStrategy
+from towers._variable_strategy import ReducedGradients, VariableStrategy, updates_state
 from towers._weight_targets import named_variables
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
 
@@ -51,20 +56,26 @@ __all__ = [
     "Optimizer",
     "RMSProp",
     "schedules",
+    "BatchNorm",
     "CheckpointManager",
     "DynamicLossScale",
+    "Evaluation",
     "GradientAccumulator",
     "ParameterServer",
     "ReducedGradients",
+    "StepTimer",
     "Replicated",
     "RestoreReport",
     "TowerContext",
     "VariableStrategy",
     "apply_reduced",
     "apply_replicated",
+    "batch_moments",
     "canonical_device",
     "check_replicas_identical",
+    "cross_tower_sum",
     "current_tower",
+    "evaluate",
     "list_devices",
     "named_variables",
     "ops",
@@ -74,7 +85,9 @@ __all__ = [
     "save_weights",
     "session_config",
     "simulate_devices",
+    "summary_scalar",
     "tower_gradients",
     "train_step",
+    "updates_state",
     "variable_list",
 ]

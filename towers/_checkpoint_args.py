@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from towers._weight_targets import Target
+from towers.ops._tensorflow import tf
 
 
 def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:
@@ -18,9 +19,18 @@ def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:
     ):
         raise TypeError(
             f"`extra` must map names without '/' to state (tf.Modules, lists or dicts of "
-            f"variables); got {extra!r}."
+            f"variables, tf.data iterators); got {extra!r}."
         )
     return dict(extra)
+
+
+def check_session(session: Any) -> None:
+    """A v1 graph needs its session: the manager reads and assigns variables through it."""
+    if session is None and not tf.executing_eagerly():
+        raise ValueError(
+            "In a v1 graph the manager reads and assigns variables through a session: pass "
+            "CheckpointManager(..., session=sess)."
+        )
 
 
 def check_step(step: Any) -> int:

@@ -8,7 +8,13 @@ from typing import Any
 
 from towers import _weight_formats
 from towers._atomic_files import as_path, remove_stale_temporaries
-from towers._checkpoint_args import check_step, checked_extra, finite_number, is_int
+from towers._checkpoint_args import (
+    check_session,
+    check_step,
+    checked_extra,
+    finite_number,
+    is_int,
+)
 from towers._checkpoint_files import EXTENSIONS, LOCK, NAME, next_serial, remove
 from towers._checkpoint_records import (
     Record,
@@ -23,6 +29,7 @@ from towers._directory_lock import DirectoryLock
 from towers._optimizer_checks import check_checkpointable
 from towers._weight_targets import Target
 from towers._weights_io import save_weights
+from towers.ops._tensorflow import tf
 
 
 class CheckpointManager:
@@ -51,10 +58,15 @@ class CheckpointManager:
       suffix: The format: ".npz" (default: numpy alone reads it), ".h5" (faster), or ".ckpt"
         (or "") for TensorFlow checkpoints.
       extra: More state to keep with the optimizer's, by key: e.g. `{"loss_scale":
-        towers.DynamicLossScale()}`; each a `tf.Module`, list or dict of variables.
+        towers.DynamicLossScale()}`; each a `tf.Module`, list or dict of variables, or a
+        `tf.data` iterator (`iter(dataset)`), whose position (shuffle buffer included) is
+        saved through TensorFlow's iterator checkpointing, so that a resumed run reads the
+        batches an uninterrupted one would.
+      session: For variables of a v1 graph, the `tf.compat.v1.Session` holding their values
+        (saves read them and restores assign them there); required in a v1 graph.
 
     Raises:
-      ValueError: for an argument out of range.
+      ValueError: for an argument out of range, or a v1 graph without `session`.
       TypeError: for an optimizer whose state cannot be saved.
       RuntimeError: if another manager writes to `directory`.
 
@@ -79,6 +91,7 @@ class CheckpointManager:
         monitor: str | None = None,
         suffix: str = ".npz",
         extra: Mapping[str, Target] | None = None,
+        session: tf.compat.v1.Session | None = None,
     ):
         if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
             raise ValueError(
@@ -90,6 +103,7 @@ class CheckpointManager:
             raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
         if suffix not in EXTENSIONS:
             raise ValueError(f"`suffix` must be one of {sorted(EXTENSIONS)}; got {suffix!r}.")
+        check_session(session)
         check_checkpointable(optimizer)
         self.extra = checked_extra(extra)
         self.directory = as_path(directory, "directory")
@@ -99,7 +113,7 @@ class CheckpointManager:
             raise ValueError(
                 f"`directory` {self.directory!r} is a file; CheckpointManager needs a directory."
             )
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer, self.session = model, optimizer, session
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.monitor, self.suffix = monitor, suffix
         self._thread_lock = threading.Lock()
@@ -221,10 +235,9 @@ class CheckpointManager:
         if not self._checkpoints:
             return 0
         latest = self._checkpoints[-1]
-        weights, state = self._path(latest.weights), self._path(latest.state)
-        restore_checkpoint(
-            self.model, self.optimizer, self.extra, weights, state, latest.step, strict=strict
-        )
+        paths = self._path(latest.weights), self._path(latest.state)
+        targets = self.model, self.optimizer, self.extra
+        restore_checkpoint(*targets, *paths, latest.step, strict=strict, session=self.session)
         return latest.step
 
     def _write(self, kind: str, step: int, value: float | None) -> Record:
@@ -236,9 +249,9 @@ class CheckpointManager:
         )
         write_record(self.directory, pending)
         self._records.append(pending)  # its files are ours from now on, whatever happens
-        save_weights(self.model, self._path(pending.weights))
+        save_weights(self.model, self._path(pending.weights), session=self.session)
         if pending.state:
-            arrays = state_arrays(self.model, self.optimizer, self.extra, step)
+            arrays = state_arrays(self.model, self.optimizer, self.extra, step, self.session)
             _weight_formats.write(self._path(pending.state), arrays)
         record = dataclasses.replace(pending, complete=True)
         write_record(self.directory, record)

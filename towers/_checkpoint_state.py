@@ -10,22 +10,29 @@ import numpy as np
 
 from towers import _weight_formats
 from towers._accumulator import GradientAccumulator
+from towers._iterator_state import MEMBER, is_iterator, iterator_state, restore_iterator
 from towers._optimizer import Optimizer
 from towers._optimizer_checks import is_keras
 from towers._variable_names import Copies
 from towers._weight_targets import Target, named_variables, variable_copies
-from towers._weights_io import assign_arrays, match_arrays
+from towers._weights_io import assign_arrays, match_arrays, values_of
 
 STEP = "__step__"
 
 
 def state_arrays(
-    model: Target, optimizer: Any, extra: Mapping[str, Target], step: int
+    model: Target, optimizer: Any, extra: Mapping[str, Target], step: int, session: Any = None
 ) -> dict[str, np.ndarray]:
-    """The state file's arrays: the step, the optimizer's state, "extra/<key>/..." state."""
+    """The state file's arrays: the step, the optimizer's state, "extra/<key>/..." state.
+
+    Variables of a v1 graph are read in `session`.
+    """
     arrays = {STEP: np.asarray(step, np.int64)}
     copies = state_copies(model, optimizer, extra)
-    arrays.update({name: group[0].numpy() for name, group in copies.items()})
+    arrays.update(values_of({name: group[0] for name, group in copies.items()}, session))
+    for key, target in extra.items():
+        if is_iterator(target):
+            arrays[f"extra/{key}/{MEMBER}"] = iterator_state(target)
     return arrays
 
 
@@ -35,6 +42,8 @@ def state_copies(model: Target, optimizer: Any, extra: Mapping[str, Target]) -> 
     if optimizer is not None:
         copies.update(variable_copies(optimizer_state(model, optimizer)))
     for key, target in extra.items():
+        if is_iterator(target):  # no variables: its position is saved as bytes
+            continue
         if isinstance(target, GradientAccumulator):  # its sums, like slots, follow the model
             target.build(variable_copies(model))
         copies.update({f"extra/{key}/{n}": group for n, group in variable_copies(target).items()})
@@ -83,6 +92,7 @@ def restore_checkpoint(
     step: int,
     *,
     strict: bool,
+    session: Any = None,
 ) -> None:
     """Restores weights, optimizer and extra state, all or nothing.
 
@@ -98,11 +108,37 @@ def restore_checkpoint(
         raise ValueError(f"The state file {state!r} does not hold step {step}.")
     plans = [(variable_copies(model), weight_arrays, weights)]
     copies = state_copies(model, optimizer, extra)
+    positions = _iterator_positions(extra, state_arrays_, state, strict=strict)
     if optimizer is not None or extra:  # else the file's state is not looked at
-        saved = {k: v for k, v in state_arrays_.items() if k != STEP}
+        saved = {k: v for k, v in state_arrays_.items() if k != STEP and k not in positions}
         plans.append((copies, saved, state))
     reports = [
         match_arrays(copies, arrays, where, strict=strict) for copies, arrays, where in plans
     ]
+    for member, (key, iterator) in positions.items():  # first: a misfit changes nothing
+        restore_iterator(iterator, state_arrays_[member], key)
     for (copies, arrays, _), report in zip(plans, reports):
-        assign_arrays(copies, arrays, report)
+        assign_arrays(copies, arrays, report, session)
+
+
+def _iterator_positions(
+    extra: Mapping[str, Target], arrays: Mapping[str, Any], where: str, *, strict: bool
+) -> dict[str, tuple[str, Any]]:
+    """The state file's iterator members to restore: member -> (key, iterator).
+
+    Raises:
+      ValueError: (strict) if an iterator's position is missing from the file.
+    """
+    found = {}
+    for key, target in extra.items():
+        member = f"extra/{key}/{MEMBER}"
+        if not is_iterator(target):
+            continue
+        if member in arrays:
+            found[member] = (key, target)
+        elif strict:
+            raise ValueError(
+                f"{where!r} holds no input position for extra[{key!r}] (saved without it?); "
+                "pass strict=False to restore the rest."
+            )
+    return found

@@ -63,7 +63,7 @@ def replicate(
     results = []
     for i, (shard, device) in enumerate(zip(shards, devices)):
         with tf.device(device), tf.name_scope(f"tower_{i}") as scope:
-            with TowerContext(i, device, len(devices), scope, strategy) as tower:
+            with TowerContext(i, device, len(devices), scope, strategy, tuple(devices)) as tower:
                 with strategy.scope(tower):
                     results.append(fn(shard))
     return results

@@ -22,6 +22,8 @@ class TowerContext:
       name_scope: The tower's name scope as entered (e.g. "tower_1/"), "" if none.
       variable_strategy: The `towers.VariableStrategy` the tower is built with, or None;
         `tower_gradients` and `variable_list` use it when not given one.
+      devices: Every tower's device, in tower order (what `towers.cross_tower_sum` spans);
+        empty when unknown.
     """
 
     index: int
@@ -29,11 +31,17 @@ class TowerContext:
     num_towers: int
     name_scope: str = ""
     variable_strategy: Any = None
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not 0 <= self.index < self.num_towers:
             raise ValueError(
                 f"`index` must be in [0, num_towers); got index={self.index}, "
+                f"num_towers={self.num_towers}."
+            )
+        if self.devices and len(self.devices) != self.num_towers:
+            raise ValueError(
+                f"`devices` must hold one device per tower; got {len(self.devices)} for "
                 f"num_towers={self.num_towers}."
             )
 

@@ -127,17 +127,22 @@ def walk_model(model: Any) -> tuple[dict[str, tf.Variable], set]:
     return found, frozen
 
 
-def _walk(node, path: tuple, found: dict, marks: tuple) -> None:
-    """Depth-first over modules, Keras layers, dicts and sequences, attributes sorted."""
+def _walk(node, path: tuple, found: dict, marks: tuple, later: list | None = None) -> None:
+    """Depth-first over modules, Keras layers, dicts and sequences, attributes sorted.
+
+    As `tf.Module.variables` does, a module's own variables (in attributes, lists, dicts)
+    come before those of the modules it holds: `later` collects those modules.
+    """
     seen, frozen = marks
     if isinstance(node, tf.Variable) or is_keras_variable(node):
         _add(found, path, as_tf_variable(node))
+    elif later is not None and (isinstance(node, tf.Module) or is_keras_layer(node)):
+        later.append((path, node))
     elif is_keras_layer(node):
         if id(node) in seen:
             return
         seen.add(id(node))
-        for key, child in keras_children(node):
-            _walk(child, (*path, key), found, marks)
+        _walk_children(keras_children(node), path, found, marks)
         for short, var in own_variables(node):  # those no public attribute holds
             _add(found, (*path, short), var)
         frozen.update(v.ref() for v in keras_frozen(node))
@@ -147,15 +152,23 @@ def _walk(node, path: tuple, found: dict, marks: tuple) -> None:
         seen.add(id(node))
         # Like tf.Module.variables: skip what the module says to, trackable bookkeeping included.
         ignored = node._TF_MODULE_IGNORED_PROPERTIES | tf.Module._TF_MODULE_IGNORED_PROPERTIES
-        for key in sorted(vars(node)):
-            if key not in ignored:
-                _walk(vars(node)[key], (*path, key), found, marks)
+        children = [(key, value) for key, value in sorted(vars(node).items()) if key not in ignored]
+        _walk_children(children, path, found, marks)
     elif isinstance(node, Mapping):
         for key in sorted(node, key=str):
-            _walk(node[key], (*path, str(key)), found, marks)
+            _walk(node[key], (*path, str(key)), found, marks, later)
     elif isinstance(node, (list, tuple)):
         for i, child in enumerate(node):
-            _walk(child, (*path, str(i)), found, marks)
+            _walk(child, (*path, str(i)), found, marks, later)
+
+
+def _walk_children(children: list, path: tuple, found: dict, marks: tuple) -> None:
+    """A module's attributes: their variables first, then the modules they hold, in order."""
+    later: list = []
+    for key, child in children:
+        _walk(child, (*path, key), found, marks, later)
+    for child_path, child in later:
+        _walk(child, child_path, found, marks)
 
 
 def _add(found: dict, path: tuple, var: tf.Variable) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from towers._keras_objects import is_keras_layer
-from towers._tower_context import TowerContext
+from towers._tower_context import TowerContext, current_tower
 from towers._variable_names import Copies, walk_model
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
@@ -95,6 +95,19 @@ class VariableStrategy(abc.ABC):
           One `ReducedGradients` per copy of the variables.
         """
 
+    def updates_state(self, tower: TowerContext) -> bool:
+        """Whether `tower` updates the non-trainable state it reads (see `towers.updates_state`).
+
+        The default suits strategies whose towers share one copy: the first tower only.
+
+        Args:
+          tower: The tower being built.
+
+        Returns:
+          Whether to build the update in this tower.
+        """
+        return tower.is_chief
+
     @abc.abstractmethod
     def variable_copies(self, model: Any) -> Copies:
         """Every variable of `model` by canonical name, with all its copies, the first first.
@@ -105,6 +118,31 @@ class VariableStrategy(abc.ABC):
         Returns:
           Canonical name -> (copy 0, copy 1, ...); weight files hold copy 0.
         """
+
+
+@tf.autograph.experimental.do_not_convert
+def updates_state() -> bool:
+    """Whether the tower being built updates non-trainable state (moving averages, counters).
+
+    The one rule for state that is not trained: each copy is updated once per step, by one
+    tower. With a copy per tower (`towers.Replicated`) every tower updates its own copy (from
+    values identical on every tower, such as all-reduced statistics, to keep copies
+    identical); towers sharing one copy (`towers.ParameterServer`) leave it to the first
+    tower. Outside towers: True. A strategy decides through `VariableStrategy.updates_state`.
+
+    Returns:
+      Whether to build the update in this tower.
+
+    Example:
+      >>> if towers.updates_state():
+      ...     self.count.assign_add(1)
+    """
+    tower = current_tower()
+    if tower is None:
+        return True
+    if tower.variable_strategy is None:
+        return tower.is_chief
+    return bool(tower.variable_strategy.updates_state(tower))
 
 
 @tf.autograph.experimental.do_not_convert

@@ -156,6 +156,15 @@ def assign_arrays(
     _assign({n: copies[n] for n in report.restored}, arrays, session)
 
 
+def values_of(variables: dict[str, tf.Variable], session=None) -> dict[str, np.ndarray]:
+    """The variables' values as numpy arrays, read eagerly or, for a v1 graph, in `session`.
+
+    Raises:
+      ValueError: for variables of a v1 graph without a session.
+    """
+    return _values(variables, session)
+
+
 def _values(variables: dict[str, tf.Variable], session) -> dict[str, np.ndarray]:
     if session is not None:
         values = session.run(list(variables.values()))
@@ -201,6 +210,12 @@ def _describe(report: RestoreReport) -> str:
 
 def _assign(copies: dict[str, tuple], arrays: dict[str, np.ndarray], session) -> None:
     pairs = [(var, arrays[name]) for name, group in copies.items() for var in group]
+    if session is None and pairs and not tf.executing_eagerly():
+        raise ValueError(
+            "These variables belong to a graph being built (a v1 graph or a tf.function); an "
+            "assignment there would only add ops that nothing runs. Restore eagerly, or in a "
+            "v1 graph pass the session: restore_weights(target, path, session=sess)."
+        )
     if session is None:
         for var, value in pairs:
             var.assign(value)

@@ -105,7 +105,7 @@ class CollectiveAllReduce(AllReduce):
                     group_size=len(devices),
                     group_key=group,
                     instance_key=instance,
-                    ordering_token=[self._token(device)],
+                    ordering_token=[ordering_token(device)],
                     merge_op="Add",
                     final_op="Id",
                     timeout_seconds=self.timeout_seconds,
@@ -113,16 +113,28 @@ class CollectiveAllReduce(AllReduce):
                 out.append(tf.cast(summed, value.dtype))
         return out
 
-    def _token(self, device: str) -> tf.Tensor:
-        """`device`'s ordering token in the graph being built: an unused resource handle."""
-        graph = tf.compat.v1.get_default_graph()
-        kept = graph.get_collection_ref(_TOKENS)
-        if not kept:
-            kept.append({})
-        tokens = kept[0]
-        if device not in tokens:
-            with tf.device(device):
-                tokens[device] = tf.raw_ops.VarHandleOp(
-                    dtype=tf.float32, shape=[], shared_name=f"towers_ordering_{len(tokens)}"
-                )
-        return tokens[device]
+
+def ordering_token(device: str) -> tf.Tensor:
+    """`device`'s ordering token in the graph being built: an unused resource handle.
+
+    Every collective of a function that takes it is chained, per device, by `tf.function`'s
+    automatic control dependencies, in the order the collectives were built; all collectives
+    the library builds on a device share it.
+
+    Args:
+      device: The device of the collectives to order.
+
+    Returns:
+      The handle, made on first use in this graph.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    kept = graph.get_collection_ref(_TOKENS)
+    if not kept:
+        kept.append({})
+    tokens = kept[0]
+    if device not in tokens:
+        with tf.device(device):
+            tokens[device] = tf.raw_ops.VarHandleOp(
+                dtype=tf.float32, shape=[], shared_name=f"towers_ordering_{len(tokens)}"
+            )
+    return tokens[device]

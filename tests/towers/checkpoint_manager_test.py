@@ -73,6 +73,51 @@ class ResumeTest(tf.test.TestCase, parameterized.TestCase):
             manager.restore_latest()
 
 
+class V1SessionTest(tf.test.TestCase):
+    def test_a_v1_graph_saves_and_restores_through_its_session(self):
+        directory = os.path.join(self.get_temp_dir(), "v1")
+
+        def graph_and_step():
+            batch = test_util.batch(9)
+            model, optimizer = test_util.Model(), towers.SGD(0.1, momentum=0.9)
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            loss, _ = towers.train_step(
+                test_util.loss_fn(model), model, optimizer, batch, test_util.devices(2)
+            )
+            with tf.control_dependencies([loss]):
+                train_op = global_step.assign_add(1)
+            return model, optimizer, global_step, train_op
+
+        with tf.Graph().as_default():
+            model, optimizer, global_step, train_op = graph_and_step()
+            with self.assertRaisesRegex(ValueError, r"pass CheckpointManager\(..., session=sess\)"):
+                towers.CheckpointManager(directory, model, optimizer)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                extra = {"global_step": {"global_step": global_step}}
+                with towers.CheckpointManager(
+                    directory, model, optimizer, extra=extra, session=sess
+                ) as manager:
+                    for _ in range(2):
+                        step = int(sess.run(train_op))
+                    manager.save(step)
+                    named = towers.named_variables(model)
+                    saved = dict(zip(named, sess.run(list(named.values()))))
+        with tf.Graph().as_default():
+            model, optimizer, global_step, train_op = graph_and_step()
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                extra = {"global_step": {"global_step": global_step}}
+                with towers.CheckpointManager(
+                    directory, model, optimizer, extra=extra, session=sess
+                ) as manager:
+                    self.assertEqual(manager.restore_latest(), 2)
+                self.assertEqual(int(sess.run(global_step)), 2)
+                named = towers.named_variables(model)
+                for name, value in zip(named, sess.run(list(named.values()))):
+                    self.assertAllEqual(value, saved[name])
+
+
 class KeepTest(tf.test.TestCase, parameterized.TestCase):
     def _manager(self, **kwargs):
         model = test_util.Model()
@@ -384,10 +429,10 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
         model = {"w": tf.Variable(1.0)}
         real = _manager_module.save_weights
 
-        def failing_best(target, path):
+        def failing_best(target, path, **kwargs):
             if os.path.basename(path).startswith("best-") and "00000003" in path:
                 raise OSError(28, "No space left on device")
-            real(target, path)
+            real(target, path, **kwargs)
 
         with towers.CheckpointManager(self.get_temp_dir(), model, keep_last=3, monitor="min") as m:
             m.save(1, value=5.0)

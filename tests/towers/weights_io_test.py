@@ -123,6 +123,8 @@ class SaveRestoreTest(tf.test.TestCase, parameterized.TestCase):
                 restored = sess.run(model.w1)
             with self.assertRaisesRegex(ValueError, "pass the session"):
                 towers.save_weights(model, path)
+            with self.assertRaisesRegex(ValueError, "only add ops that nothing runs"):
+                towers.restore_weights(model, path)  # silently nothing, before
         self.assertAllEqual(restored, towers.read_weights(path)["w1"])
 
     def test_golden_file_keeps_loading(self):
