@@ -7,6 +7,7 @@ each get the right build:
     pip install ".[cpu]"    # tensorflow-cpu
     pip install ".[gpu]"    # tensorflow[and-cuda], NVIDIA GPUs on Linux
     pip install ".[cpu,test]"  # plus what the test suite needs
+    pip install ".[cpu,tensorboard,digits]"  # TensorBoard; the digits example's data
 """
 
 import setuptools
@@ -26,6 +27,8 @@ setuptools.setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]{TF_VERSION}"],
-        "test": ["pytest", "ruff", "h5py", "wheel", "tf-keras"],
+        "tensorboard": ["tensorboard"],  # to view what towers.summary_scalar writes
+        "digits": ["scikit-learn"],  # the 8x8 digits of examples/port_multi_gpu_model.py
+        "test": ["pytest", "ruff", "h5py", "wheel", "tf-keras", "scikit-learn"],
     },
 )

@@ -9,6 +9,10 @@ the same code path as on a multi-GPU machine runs anywhere:
     python examples/quickstart.py --compute_dtype=bfloat16
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=100
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=200 --resume --towers=2
+    python examples/quickstart.py --logdir=/tmp/logs   # then: tensorboard --logdir=/tmp/logs
+
+The input is a shuffled `tf.data` pipeline whose position is checkpoint state, so a resumed
+run reads exactly the batches an uninterrupted one would.
 """
 
 import os
@@ -33,6 +37,7 @@ _CHECKPOINT_DIR = flags.DEFINE_string(
 )
 _SAVE_EVERY = flags.DEFINE_integer("save_every", 50, "Checkpoint every this many steps.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint.")
+_LOGDIR = flags.DEFINE_string("logdir", None, "Write TensorBoard summaries (loss, speed) here.")
 _REPLICATED = flags.DEFINE_bool(
     "replicated", False, "One copy of the model per device, gradients all-reduced."
 )
@@ -100,12 +105,15 @@ def make_data(num_examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return images[..., None].astype(np.float32), labels
 
 
-def batch_at(images: np.ndarray, labels: np.ndarray, step: int, batch_size: int) -> tuple:
-    """The batch of step `step` (0-based): consecutive examples, wrapping around the data."""
-    first = step * batch_size % len(images)
+def make_dataset(
+    images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int = 0
+) -> tf.data.Dataset:
+    """Endless batches of `batch_size`, reshuffled every epoch (deterministic in `seed`)."""
     return (
-        tf.constant(images[first : first + batch_size]),
-        tf.constant(labels[first : first + batch_size]),
+        tf.data.Dataset.from_tensor_slices((images, labels))
+        .shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
     )
 
 
@@ -121,6 +129,7 @@ def train(
     resume: bool = False,
     replicated: bool = False,
     compute_dtype: str = "float32",
+    logdir: str | None = None,
 ) -> dict:
     """Trains a `ConvNet` with `towers.train_step` on `devices`.
 
@@ -129,7 +138,9 @@ def train(
 
     With `checkpoint_dir`, saves a checkpoint every `save_every` steps and at the end, keeps
     the best weights by mean training loss since the last save, and with `resume` continues
-    from the latest checkpoint (with any number of devices).
+    from the latest checkpoint (with any number of devices): weights, optimizer state and the
+    input pipeline's position, so the run continues exactly. With `logdir`, writes the loss
+    and the speed as TensorBoard scalars.
 
     Returns:
       A dict with the `losses` and `step_seconds` of the steps run here (the first, the
@@ -142,6 +153,7 @@ def train(
     # float16 needs a loss scale; bfloat16 has float32's range and does not.
     loss_scale = towers.DynamicLossScale() if compute_dtype == "float16" else None
     images, labels = make_data(batch_size * 8, seed)
+    batches = iter(make_dataset(images, labels, batch_size, seed))
     optimizer = towers.SGD(learning_rate)
     if replicated:
         variables = towers.Replicated(lambda: ConvNet(seed, compute_dtype), devices)
@@ -151,13 +163,16 @@ def train(
         local_model = lambda: variables  # noqa: E731  (one copy, shared by the towers)
     manager, start = None, 0
     if checkpoint_dir:
+        extra = {"input": batches}  # the input position: resumes read the next batches
+        if loss_scale is not None:
+            extra["loss_scale"] = loss_scale
         manager = towers.CheckpointManager(
             checkpoint_dir,
             variables,
             optimizer,
             every_n_steps=save_every or None,
             monitor="min",
-            extra={"loss_scale": loss_scale} if loss_scale is not None else None,
+            extra=extra,
         )
         if manager.steps and not resume:
             manager.close()
@@ -174,30 +189,32 @@ def train(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=shard_labels, logits=logits)
         )
 
+    writer = tf.summary.create_file_writer(logdir) if logdir else tf.summary.create_noop_writer()
+    step_count = tf.Variable(start, dtype=tf.int64, trainable=False)
+
     @tf.function
     def step(batch):
         loss, _ = towers.train_step(
             loss_fn, variables, optimizer, batch, devices, loss_scale=loss_scale
         )
+        towers.summary_scalar("train/loss", loss, step=step_count)  # once, no tower prefix
         return loss
 
+    timer = towers.StepTimer(steps, batch_size, every=log_every or steps)
     losses, seconds = [], []
     for i in range(start, steps):
-        batch = batch_at(images, labels, i, batch_size)
+        step_count.assign(i + 1)
         began = time.perf_counter()
-        losses.append(float(step(batch)))
-        seconds.append(time.perf_counter() - began)
-        if log_every and (i + 1) % log_every == 0:
-            logging.info(
-                "step %d  mean loss %.4f  %.0f examples/s",
-                i + 1,
-                statistics.mean(losses[-log_every:]),
-                batch_size / statistics.median(seconds[-log_every:]),
-            )
+        with writer.as_default(step=step_count):
+            losses.append(float(step(next(batches))))
+            seconds.append(time.perf_counter() - began)
+            if timer.step_end(i + 1):
+                logging.info("step %d  mean loss %.4f", i + 1, statistics.mean(losses[-log_every:]))
         if manager:
             manager.step_end(i + 1, value=statistics.mean(losses[-(save_every or 1) :]))
     if manager and losses and manager.steps[-1:] != [steps]:
         manager.save(steps, value=statistics.mean(losses[-(save_every or 1) :]))
+    writer.close()
     if manager:
         manager.close()  # another program may now write to the directory
     model = variables.replicas[0] if replicated else variables
@@ -233,6 +250,7 @@ def main(argv: list[str]) -> None:
         resume=_RESUME.value,
         replicated=_REPLICATED.value,
         compute_dtype=_COMPUTE.value,
+        logdir=_LOGDIR.value,
     )
     if result["manager"]:
         logging.info("best weights: %s", result["manager"].best_weights)

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from examples import inference, quickstart
 from tests import test_util
+from tests.towers import summaries_test
 
 
 def _reference(batch_size, steps, learning_rate, seed=0):
@@ -19,9 +20,8 @@ def _reference(batch_size, steps, learning_rate, seed=0):
         )
 
     step = test_util.reference_step(model, loss_fn, learning_rate)
-    losses = [
-        float(step(quickstart.batch_at(images, labels, i, batch_size))[0]) for i in range(steps)
-    ]
+    batches = iter(quickstart.make_dataset(images, labels, batch_size, seed))
+    losses = [float(step(next(batches))[0]) for _ in range(steps)]
     return model, losses
 
 
@@ -49,15 +49,29 @@ class QuickstartTest(tf.test.TestCase):
         _assert_same_model(replicated["model"], reference)
 
     def test_half_precision_compute_trains_like_float32(self):
-        """60 steps: mean of the last 10 losses within 3% (bfloat16) and 1% (float16)."""
+        """80 steps: mean of the last 10 losses within 3% (bfloat16) and 1% (float16).
+
+        At learning rate 0.1 (at 0.2 this model trains at the edge of stability, where any
+        change of rounding moves the curve by 15%).
+        """
         devices = quickstart.choose_devices(4)
         final = {}
         for dtype in ("float32", "bfloat16", "float16"):
-            losses = quickstart.train(devices, 128, 60, 0.2, compute_dtype=dtype)["losses"]
+            losses = quickstart.train(devices, 128, 80, 0.1, compute_dtype=dtype)["losses"]
             final[dtype] = statistics.mean(losses[-10:])
         self.assertLess(final["float32"], 1.5)  # it did learn
         self.assertAllClose(final["bfloat16"], final["float32"], rtol=0.03)
         self.assertAllClose(final["float16"], final["float32"], rtol=0.01)
+
+    def test_summaries_and_speed_reports(self):
+        logdir = os.path.join(self.get_temp_dir(), "logs")
+        with self.assertLogs(level="INFO") as logs:
+            result = quickstart.train(test_util.devices(2), 24, 6, 0.1, log_every=3, logdir=logdir)
+        found = summaries_test.read_events(logdir)
+        self.assertEqual([step for step, _ in found["train/loss"]], [1, 2, 3, 4, 5, 6])
+        self.assertAllClose([v for _, v in found["train/loss"]], result["losses"])
+        self.assertLen(found["perf/ms_per_step"], 2)
+        self.assertTrue(any("step 6/6: " in line and "examples/s" in line for line in logs.output))
 
     def test_data_is_deterministic_and_balanced(self):
         images, labels = quickstart.make_data(1000, seed=3)

@@ -10,7 +10,7 @@ import towers
 from tests import test_util
 
 
-def _read(logdir):
+def read_events(logdir):
     """{tag: [(step, value)]} from every event file under `logdir`."""
     found = {}
     for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
@@ -49,7 +49,7 @@ class SummaryScalarTest(tf.test.TestCase):
                 step_count.assign(i)
                 losses.append(float(step(test_util.batch(10, seed=i), tf.constant(i, tf.int64))))
         writer.flush()
-        found = _read(logdir)
+        found = read_events(logdir)
         self.assertEqual(sorted(found), ["plugins", "tower/loss", "train/loss"])
         self.assertEqual(found["plugins"], {"scalars"})
         self.assertEqual([s for s, _ in found["train/loss"]], [0, 1, 2])
@@ -85,7 +85,7 @@ class StepTimerTest(tf.test.TestCase):
             for step in (1, 2, 3):
                 timer.step_end(step)
         writer.flush()
-        found = _read(logdir)
+        found = read_events(logdir)
         self.assertAllClose([v for _, v in found["perf/ms_per_step"]], [10.0, 10.0])
         self.assertAllClose([v for _, v in found["perf/examples_per_second"]], [1e4, 1e4])
 

@@ -1,0 +1,55 @@
+"""The multi_gpu_model porting example: Keras layers, synchronized BatchNorm, real digits."""
+
+import os
+
+import tensorflow as tf
+
+import towers
+from examples import port_multi_gpu_model as digits
+from tests import test_util
+
+STEPS = 60
+
+
+def _weights(model):
+    return {name: var.numpy() for name, var in towers.named_variables(model).items()}
+
+
+class PortMultiGpuModelTest(tf.test.TestCase):
+    def test_four_towers_learn_like_one(self):
+        """Synchronized BatchNorm keeps the equivalence: 4 towers train the 1-tower model."""
+        devices = digits.choose_devices(4)
+        four = digits.train(devices, STEPS, batch_size=50, eval_every=STEPS)
+        one = digits.train(devices[:1], STEPS, batch_size=50, eval_every=STEPS)
+        self.assertGreater(four["accuracy"], 0.8)
+        self.assertAllClose(four["accuracy"], one["accuracy"], atol=0.02)
+        want = _weights(one["model"])
+        self.assertIn("bn1/moving_mean", want)
+        self.assertIn("conv1/kernel", want)
+        for name, value in _weights(four["model"]).items():
+            test_util.assert_allclose(value, want[name], rtol=2e-3, atol=2e-4)
+
+    def test_resume_keeps_the_best_and_equals_an_uninterrupted_run(self):
+        directory = os.path.join(self.get_temp_dir(), "run")
+        devices = test_util.devices(4)
+        whole = digits.train(devices, STEPS, batch_size=50, eval_every=10)
+        digits.train(
+            devices, STEPS, 50, eval_every=10, checkpoint_dir=directory, stop_after=STEPS // 2
+        )
+        with self.assertRaisesRegex(ValueError, "pass --resume"):
+            digits.train(devices, STEPS, 50, checkpoint_dir=directory)
+        resumed = digits.train(
+            devices[:3], STEPS, 50, eval_every=10, checkpoint_dir=directory, resume=True
+        )
+        self.assertLen(resumed["losses"], STEPS // 2)
+        test_util.assert_allclose(resumed["losses"], whole["losses"][STEPS // 2 :], rtol=1e-4)
+        want = _weights(whole["model"])
+        for name, value in _weights(resumed["model"]).items():
+            test_util.assert_allclose(value, want[name], rtol=1e-4, atol=1e-5)
+        best = digits.DigitsNet(seed=9)
+        best(tf.zeros([1, 8, 8, 1]), training=False)
+        self.assertTrue(towers.restore_weights(best, resumed["best_weights"]).complete)
+
+
+if __name__ == "__main__":
+    tf.test.main()
