@@ -26,9 +26,35 @@ def batch_moments(
 
     Returns:
       `(mean, variance)` in float32, shaped like `x` without `axes`.
+
+    Raises:
+      TypeError: if `x` is not floating.
+      ValueError: if `axes` is empty, repeats an axis or names one `x` does not have.
     """
-    mean, variance, _ = _moments(x, axes, sync=sync)
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        raise TypeError(f"`x` must be floating; got {x.dtype.name}.")
+    axes = _checked_axes(axes, x.shape.rank)
+    if not sync:
+        return tf.nn.moments(tf.cast(x, tf.float32), axes)
+    mean, variance, _ = _moments(x, axes, sync=True)
     return mean, variance
+
+
+def _checked_axes(axes: Sequence[int], rank: int | None) -> list[int]:
+    """`axes` as non-negative ints, checked against `x`'s rank."""
+    if rank is None:
+        raise ValueError("`x` must have a known rank.")
+    if isinstance(axes, int):
+        axes = [axes]
+    checked = []
+    for axis in axes:
+        if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
+            raise ValueError(f"`axes` must be ints in [-{rank}, {rank}); got {axes!r}.")
+        checked.append(axis % rank)
+    if not checked or len(set(checked)) != len(checked):
+        raise ValueError(f"`axes` must name distinct axes, at least one; got {axes!r}.")
+    return checked
 
 
 class BatchNorm(tf.Module):

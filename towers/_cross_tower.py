@@ -49,6 +49,11 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
     tower = current_tower()
     if tower is None or tower.num_towers == 1:
         return value if weight is not None else tf.stop_gradient(value)
+    if len(tower.devices) != tower.num_towers:
+        raise ValueError(
+            f"Tower {tower.index} knows no device list (TowerContext.devices); build towers "
+            "with towers.replicate (or train_step), which gives every tower all the devices."
+        )
     if tf.executing_eagerly():
         raise ValueError(
             "towers.cross_tower_sum (and towers.BatchNorm's statistics) must be built inside "

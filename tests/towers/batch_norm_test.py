@@ -255,6 +255,29 @@ class InferenceAndArgumentsTest(tf.test.TestCase):
         self.assertAllClose(mean, want_mean)
         self.assertAllClose(variance, want_variance)
 
+    def test_batch_moments_checks_and_normalizes_its_axes(self):
+        x = tf.constant(_batch(6, 1)[0])
+        mean, _ = towers.batch_moments(x, [-2])
+        self.assertAllClose(mean, tf.reduce_mean(x, 0))
+        for axes in ([], [0, 0], [2], ["0"]):
+            with self.assertRaisesRegex(ValueError, "`axes` must"):
+                towers.batch_moments(x, axes)
+        with self.assertRaisesRegex(TypeError, "`x` must be floating"):
+            towers.batch_moments(tf.ones([2, 2], tf.int32), [0])
+
+    def test_unsynced_moments_need_no_exchange_even_eagerly(self):
+        devices = test_util.devices(2)
+        shards = towers.ops.split_batch(tf.constant(_batch(5, 2)[0]), 2)
+        means = towers.replicate(
+            lambda s: towers.batch_moments(s, [0], sync=False)[0], shards, devices
+        )
+        self.assertAllClose(means[1], tf.reduce_mean(shards[1], 0))
+
+    def test_a_tower_without_the_device_list_is_refused(self):
+        with towers.TowerContext(0, "/device:CPU:0", 2):
+            with self.assertRaisesRegex(ValueError, "knows no device list"):
+                towers.cross_tower_sum(tf.ones([2]))
+
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"`momentum` must be in \[0, 1\); got momentum=1"):
             towers.BatchNorm(momentum=1.0)

@@ -142,6 +142,40 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
             towers.check_replicas_identical(model)
 
 
+class KerasBatchNormalizationTest(tf.test.TestCase):
+    """What README says of Keras' BatchNormalization in towers, measured, and the fix."""
+
+    def _moved(self, make_bn, k):
+        """How far the moving mean moves in one step on k towers (one copy, the CPU)."""
+        keras.utils.set_random_seed(0)
+        dense, bn = keras.layers.Dense(4, kernel_initializer="ones"), make_bn()
+
+        def net(x):
+            return bn(dense(x), training=True)
+
+        holder = tf.Module()
+        holder.dense, holder.bn = dense, bn
+        x = tf.constant(np.random.default_rng(0).normal(1.0, 1.0, size=(64, 3)), tf.float32)
+        net(x[:1])
+        bn.moving_mean.assign(tf.zeros([4]))
+
+        @tf.function
+        def step(batch):
+            loss_fn = lambda b: tf.reduce_mean(net(b) ** 2)  # noqa: E731
+            return towers.train_step(loss_fn, holder, towers.SGD(0.0), batch, test_util.devices(k))
+
+        step(x)
+        return float(np.abs(np.asarray(bn.moving_mean)).mean())
+
+    def test_keras_moves_the_moving_mean_once_per_tower_towers_once_per_step(self):
+        keras_bn = lambda: keras.layers.BatchNormalization(momentum=0.9)  # noqa: E731
+        ratio = self._moved(keras_bn, 4) / self._moved(keras_bn, 1)
+        self.assertAllClose(ratio, 3.40, atol=0.01)  # about (1 - 0.9**4) / (1 - 0.9)
+        for sync in (False, True):
+            ours = lambda s=sync: towers.BatchNorm(momentum=0.9, sync=s)  # noqa: E731
+            self.assertAllClose(self._moved(ours, 4) / self._moved(ours, 1), 1.0, rtol=1e-5)
+
+
 class WeightFilesTest(tf.test.TestCase):
     def test_restored_in_a_fresh_process_whatever_names_keras_gave(self):
         path = os.path.join(self.get_temp_dir(), "keras.npz")
