@@ -35,6 +35,11 @@ def batch_moments(
     if not x.dtype.is_floating:
         raise TypeError(f"`x` must be floating; got {x.dtype.name}.")
     axes = _checked_axes(axes, x.shape.rank)
+    if sync and 0 not in axes:
+        raise ValueError(
+            f"With sync=True `axes` must include the batch axis 0 (the towers hold different "
+            f"examples, not different features); got axes={axes}."
+        )
     if not sync:
         return tf.nn.moments(tf.cast(x, tf.float32), axes)
     mean, variance, _ = _moments(x, axes, sync=True)
@@ -77,7 +82,9 @@ class BatchNorm(tf.Module):
     `towers.Replicated` updates its own (from identical statistics, so copies stay
     bit-identical); towers sharing one copy (`ParameterServer`) leave it to the first tower.
     The variance is the batch's biased variance (as Keras' BatchNormalization keeps it). In a
-    v1 graph the update runs whenever the output is evaluated.
+    v1 graph the update runs whenever the output is evaluated. With `train_step(...,
+    micro_batches=M)` each part is a batch of its own: normalized by its statistics, moving the
+    averages once (as one device running the same micro-batches would).
 
     Args:
       momentum: Weight of the old moving average, in [0, 1).

@@ -10,7 +10,15 @@ import numpy as np
 
 from towers import _weight_formats
 from towers._accumulator import GradientAccumulator
-from towers._iterator_state import MEMBER, is_iterator, iterator_state, restore_iterator
+from towers._iterator_state import (
+    MEMBER,
+    SPEC_MEMBER,
+    check_element_spec,
+    element_spec,
+    is_iterator,
+    iterator_state,
+    restore_iterator,
+)
 from towers._optimizer import Optimizer
 from towers._optimizer_checks import is_keras
 from towers._variable_names import Copies
@@ -33,6 +41,7 @@ def state_arrays(
     for key, target in extra.items():
         if is_iterator(target):
             arrays[f"extra/{key}/{MEMBER}"] = iterator_state(target)
+            arrays[f"extra/{key}/{SPEC_MEMBER}"] = element_spec(target)
     return arrays
 
 
@@ -110,15 +119,38 @@ def restore_checkpoint(
     copies = state_copies(model, optimizer, extra)
     positions = _iterator_positions(extra, state_arrays_, state, strict=strict)
     if optimizer is not None or extra:  # else the file's state is not looked at
-        saved = {k: v for k, v in state_arrays_.items() if k != STEP and k not in positions}
+        iterator_members = {f"extra/{key}/{SPEC_MEMBER}" for key, _ in positions.values()}
+        iterator_members |= set(positions)
+        saved = {k: v for k, v in state_arrays_.items() if k != STEP and k not in iterator_members}
         plans.append((copies, saved, state))
     reports = [
         match_arrays(copies, arrays, where, strict=strict) for copies, arrays, where in plans
     ]
-    for member, (key, iterator) in positions.items():  # first: a misfit changes nothing
-        restore_iterator(iterator, state_arrays_[member], key)
+    _restore_iterators(positions, state_arrays_)  # first: a misfit changes nothing
     for (copies, arrays, _), report in zip(plans, reports):
         assign_arrays(copies, arrays, report, session)
+
+
+def _restore_iterators(positions: dict, arrays: Mapping[str, Any]) -> None:
+    """Moves every iterator to its saved position, or (on a misfit) none of them.
+
+    Raises:
+      ValueError: if a pipeline differs from the one saved; every iterator is back where it
+        was.
+    """
+    for key, iterator in positions.values():
+        check_element_spec(iterator, arrays.get(f"extra/{key}/{SPEC_MEMBER}"), key)
+    before = {member: iterator_state(iterator) for member, (_, iterator) in positions.items()}
+    done = []
+    try:
+        for member, (key, iterator) in positions.items():
+            done.append(member)
+            restore_iterator(iterator, arrays[member], key)
+    except ValueError:
+        for member in done:
+            key, iterator = positions[member]
+            restore_iterator(iterator, before[member], key)
+        raise
 
 
 def _iterator_positions(

@@ -10,14 +10,15 @@ call of each tower is one exchange.
 import random
 
 from towers._tower_context import TowerContext, current_tower
-from towers.ops._all_reduce.collective import ordering_token
+from towers.ops._all_reduce.collective import ordering_token, outermost_graph
 from towers.ops._tensorflow import tf
 
 # Graph collection holding, for the outermost graph being built, the group key of each
 # device set and each tower's count of exchanges (state of that graph, not of the process).
 _KEYS = "towers.cross_tower_keys"
-# Random group keys come from here (below TensorFlow's own and towers.ops' ranges).
-_GROUP_KEYS = range(2**31 - 2**24, 2**31)
+# Random group keys come from here: above the small ones tf.distribute counts from 1, below
+# the range of towers.ops' CollectiveAllReduce ([2**20, 2**31)).
+_GROUP_KEYS = range(2**19, 2**20)
 _TIMEOUT_SECONDS = 120.0
 
 
@@ -68,16 +69,31 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
     @tf.custom_gradient
     def summed(x):
         def grad(upstream):
-            return _all_reduce(upstream * weight, tower, keys[0], keys[2]) / weight
+            return _first_order(_all_reduce(upstream * weight, tower, keys[0], keys[2])) / weight
 
         return _all_reduce(x, tower, keys[0], keys[1]), grad
 
     return summed(value)
 
 
+@tf.custom_gradient
+def _first_order(summed: tf.Tensor):
+    """The backward exchange, refusing to be differentiated (with a clear error)."""
+
+    def second_order(upstream):
+        del upstream
+        raise ValueError(
+            "Second-order gradients (e.g. a gradient penalty) through towers.cross_tower_sum "
+            "or a synchronized towers.BatchNorm are not supported; use BatchNorm(sync=False) "
+            "or compute the penalty without batch statistics."
+        )
+
+    return tf.identity(summed), second_order
+
+
 def _keys(tower: TowerContext) -> tuple[int, int, int]:
     """(group key, forward instance key, backward instance key) of this tower's next call."""
-    graph = _outermost(tf.compat.v1.get_default_graph())
+    graph = outermost_graph(tf.compat.v1.get_default_graph())
     kept = graph.get_collection_ref(_KEYS)
     if not kept:
         kept.append({"groups": {}, "calls": {}})
@@ -90,23 +106,15 @@ def _keys(tower: TowerContext) -> tuple[int, int, int]:
     return state["groups"][members], 2 * n + 1, 2 * n + 2
 
 
-def _outermost(graph: tf.Graph) -> tf.Graph:
-    """The function graph a `tf.cond` or loop body belongs to: keys must not repeat there."""
-    while getattr(graph, "outer_graph", None) is not None and hasattr(
-        graph.outer_graph, "outer_graph"
-    ):
-        graph = graph.outer_graph
-    return graph
-
-
 def _all_reduce(value: tf.Tensor, tower: TowerContext, group: int, instance: int) -> tf.Tensor:
     """One tower's `CollectiveReduceV2`, ordered after the device's previous collectives."""
     in_function = tf.compat.v1.executing_eagerly_outside_functions()
     with tf.device(tower.device):
         # In tf.function the shared per-device token orders collectives; a v1 graph has no
-        # automatic ordering, so each waits for the device's previous one explicitly.
+        # automatic ordering, so each waits for the tower's previous one (of this build only:
+        # another step of the same graph must not depend on this one).
         token = [ordering_token(tower.device)] if in_function else []
-        with tf.control_dependencies([] if in_function else _previous(tower.device)):
+        with tf.control_dependencies([] if in_function else tower.v1_collectives[-1:]):
             summed = tf.raw_ops.CollectiveReduceV2(
                 input=value,
                 group_size=tower.num_towers,
@@ -118,13 +126,5 @@ def _all_reduce(value: tf.Tensor, tower: TowerContext, group: int, instance: int
                 timeout_seconds=_TIMEOUT_SECONDS,
             )
         if not in_function:
-            _previous(tower.device)[:] = [summed.op]
+            tower.v1_collectives.append(summed.op)
     return summed
-
-
-def _previous(device: str) -> list:
-    """The v1 graph's last collective on `device` (a list of at most one op, kept in place)."""
-    kept = tf.compat.v1.get_default_graph().get_collection_ref(_KEYS + ".last")
-    if not kept:
-        kept.append({})
-    return kept[0].setdefault(device, [])

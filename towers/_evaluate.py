@@ -43,7 +43,8 @@ def evaluate(
     each tower and returns a dict of metrics, or a pair `(metrics, outputs)`. A metric is
     either one value per example (shape [n]: averaged over all examples) or a scalar, the
     shard's mean (weighted by the shard's size). The means are exact over the whole dataset,
-    partial last batch included: sums are kept in float64.
+    partial last batch included: sums are kept in float64. Each call traces `fn` anew (once
+    for full batches, once more for a padded last batch).
 
     Args:
       fn: Called with one shard in each tower; builds no training ops.

@@ -1,4 +1,10 @@
-"""The position of a `tf.data` iterator as bytes, for checkpoints (TensorFlow's own encoding)."""
+"""The position of a `tf.data` iterator as bytes, for checkpoints (TensorFlow's own encoding).
+
+TensorFlow's iterator state holds the pipeline itself (the dataset's graph) with the position:
+restored, the iterator continues the saved pipeline, whatever the new one was built from. So
+the state file also keeps the elements' structure, dtypes and static shapes, and a pipeline
+whose elements differ from the saved one's is refused rather than silently replaced.
+"""
 
 from typing import Any
 
@@ -6,8 +12,9 @@ import numpy as np
 
 from towers.ops._tensorflow import tf
 
-# The state file member of an iterator kept under `extra={key: iterator}`: "extra/<key>/<this>".
+# The state file members of an iterator kept under `extra={key: iterator}`: "extra/<key>/<this>".
 MEMBER = "iterator_state"
+SPEC_MEMBER = "iterator_element_spec"
 
 
 def is_iterator(obj: Any) -> bool:
@@ -32,6 +39,29 @@ def iterator_state(iterator: Any) -> np.ndarray:
             "dataset from tensors or files."
         ) from None
     return np.frombuffer(encoded, np.uint8)
+
+
+def element_spec(iterator: Any) -> np.ndarray:
+    """What the iterator's elements are (structure, dtypes, static shapes) as uint8 bytes."""
+    return np.frombuffer(repr(iterator.element_spec).encode(), np.uint8)
+
+
+def check_element_spec(iterator: Any, saved: np.ndarray | None, key: str) -> None:
+    """Refuses a pipeline whose elements differ from those of the pipeline saved.
+
+    Raises:
+      ValueError: naming both.
+    """
+    if saved is None:
+        return
+    mine, theirs = element_spec(iterator).tobytes().decode(), saved.tobytes().decode()
+    if mine != theirs:
+        raise ValueError(
+            f"The input position saved as extra[{key!r}] belongs to a pipeline of other "
+            f"elements: saved {theirs}, this one {mine}. Resume with the dataset the run was "
+            "saved with (TensorFlow restores that pipeline itself), or pass strict=False and "
+            "leave this iterator out of `extra`."
+        )
 
 
 def restore_iterator(iterator: Any, state: np.ndarray, key: str) -> None:

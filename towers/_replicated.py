@@ -186,12 +186,12 @@ class Replicated(VariableStrategy):
 
         return tf.variable_creator_scope(refuse)
 
-    @tf.autograph.experimental.do_not_convert
     def updates_state(self, tower: TowerContext) -> bool:
         """Every tower updates its own copy's state (see `towers.updates_state`)."""
         del tower
         return True
 
+    @tf.autograph.experimental.do_not_convert
     def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
         """The trainable variables of `tower`'s own replica (the first outside towers).
 

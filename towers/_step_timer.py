@@ -70,10 +70,10 @@ class StepTimer:
           Whether it reported.
         """
         now = self._clock()
-        if self._mark is None:
+        if self._mark is None or step <= self._mark[0]:  # the start, or a restart from earlier
             self._mark = (step, now)
             return False
-        if step % self.every or step <= self._mark[0]:
+        if step % self.every:
             return False
         done, elapsed = step - self._mark[0], now - self._mark[1]
         self._mark = (step, now)

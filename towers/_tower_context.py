@@ -32,6 +32,10 @@ class TowerContext:
     name_scope: str = ""
     variable_strategy: Any = None
     devices: tuple[str, ...] = ()
+    # The collectives this tower built in a v1 graph, in order (`cross_tower_sum` chains them).
+    v1_collectives: list = dataclasses.field(
+        default_factory=list, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self):
         if not 0 <= self.index < self.num_towers:

@@ -119,7 +119,7 @@ def ordering_token(device: str) -> tf.Tensor:
 
     Every collective of a function that takes it is chained, per device, by `tf.function`'s
     automatic control dependencies, in the order the collectives were built; all collectives
-    the library builds on a device share it.
+    the library builds on a device share it. It lives in the outermost function graph.
 
     Args:
       device: The device of the collectives to order.
@@ -127,14 +127,32 @@ def ordering_token(device: str) -> tf.Tensor:
     Returns:
       The handle, made on first use in this graph.
     """
-    graph = tf.compat.v1.get_default_graph()
+    graph = outermost_graph(tf.compat.v1.get_default_graph())
     kept = graph.get_collection_ref(_TOKENS)
     if not kept:
         kept.append({})
     tokens = kept[0]
     if device not in tokens:
-        with tf.device(device):
+        # Made in the function itself, not in a tf.cond branch or loop body being built: a
+        # token of a branch would be out of reach of the function's later collectives.
+        with graph.as_default(), tf.device(device):
             tokens[device] = tf.raw_ops.VarHandleOp(
                 dtype=tf.float32, shape=[], shared_name=f"towers_ordering_{len(tokens)}"
             )
     return tokens[device]
+
+
+def outermost_graph(graph: tf.Graph) -> tf.Graph:
+    """The function graph that a `tf.cond` branch or loop body being built belongs to.
+
+    Args:
+      graph: The graph being built.
+
+    Returns:
+      `graph` itself unless it is nested in another function graph.
+    """
+    while getattr(graph, "outer_graph", None) is not None and hasattr(
+        graph.outer_graph, "outer_graph"
+    ):
+        graph = graph.outer_graph
+    return graph

@@ -279,3 +279,24 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class OrderingTokenTest(tf.test.TestCase):
+    def test_a_token_first_needed_in_a_branch_serves_the_function_after_it(self):
+        """Tokens live in the function graph, not in the tf.cond branch that made them."""
+        algorithm = ops.CollectiveAllReduce()
+
+        def summed(devices, x):
+            return algorithm.sum([x] * len(devices), devices, None)[0]
+
+        @tf.function
+        def f(x, flag):
+            a = summed(test_util.devices(2), x)
+            b = tf.cond(flag, lambda: summed(test_util.devices(4), x), lambda: tf.zeros([2]))
+            c = summed(test_util.devices(4), x)
+            return a, b, c
+
+        a, b, c = f(tf.ones([2]), tf.constant(True))
+        self.assertAllEqual(a, [2.0, 2.0])
+        self.assertAllEqual(b, [4.0, 4.0])
+        self.assertAllEqual(c, [4.0, 4.0])

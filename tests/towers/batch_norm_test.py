@@ -184,6 +184,41 @@ class SyncTest(tf.test.TestCase, parameterized.TestCase):
         for name, var in reference.named().items():
             test_util.assert_allclose(values[name], var, rtol=1e-5, atol=1e-6)
 
+    def test_two_steps_of_one_v1_graph_run_alone(self):
+        """A fine-tuning step beside the training step: neither waits for the other's data."""
+        devices = test_util.devices(2)
+        batch = [t.numpy() for t in _batch(6, seed=1)]
+        with tf.Graph().as_default():
+            model = Net(True)
+            steps = []
+            for size in (4, 6):
+                x = tf.compat.v1.placeholder(tf.float32, [size, 5])
+                y = tf.compat.v1.placeholder(tf.int32, [size])
+                loss, _ = towers.train_step(_loss(model), model, towers.SGD(LR), (x, y), devices)
+                steps.append((loss, x, y))
+            with tf.compat.v1.Session(config=towers.session_config()) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                loss, x, y = steps[1]
+                self.assertTrue(np.isfinite(sess.run(loss, {x: batch[0], y: batch[1]})))
+
+    def test_second_order_gradients_are_refused_clearly(self):
+        devices = test_util.devices(2)
+        model = Net(True)
+
+        def penalized(batch):
+            x, y = batch
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                loss, logits = _loss(model)((x, y))
+            return loss + tf.reduce_sum(tf.square(inner.gradient(loss, x))), logits
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(penalized, model, towers.SGD(LR), batch, devices)
+
+        with self.assertRaisesRegex(ValueError, "Second-order gradients .* are not supported"):
+            step(_batch(6, 0))
+
     def test_each_tower_exchanges_on_its_device_forward_and_backward(self):
         devices = test_util.devices(4)
         model = Net(True)
@@ -264,6 +299,10 @@ class InferenceAndArgumentsTest(tf.test.TestCase):
                 towers.batch_moments(x, axes)
         with self.assertRaisesRegex(TypeError, "`x` must be floating"):
             towers.batch_moments(tf.ones([2, 2], tf.int32), [0])
+
+    def test_synced_moments_must_reduce_the_batch_axis(self):
+        with self.assertRaisesRegex(ValueError, "must include the batch axis 0"):
+            towers.batch_moments(tf.ones([4, 3]), [1])
 
     def test_unsynced_moments_need_no_exchange_even_eagerly(self):
         devices = test_util.devices(2)

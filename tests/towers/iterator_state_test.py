@@ -72,10 +72,30 @@ class ExactResumeTest(tf.test.TestCase):
         before = [v.numpy() for v in other.variables]
         different = iter(tf.data.Dataset.range(5).map(lambda i: tf.strings.as_string(i)))
         with towers.CheckpointManager(directory, other, extra={"input": different}) as manager:
-            with self.assertRaisesRegex(ValueError, "does not fit this input pipeline"):
+            with self.assertRaisesRegex(ValueError, "belongs to a pipeline of other elements"):
                 manager.restore_latest()
         for got, want in zip(other.variables, before):
             self.assertAllEqual(got, want)
+
+    def test_all_or_nothing_across_iterators_and_other_elements_refused(self):
+        directory = os.path.join(self.get_temp_dir(), "run")
+        model = _built()
+        first, second = iter(tf.data.Dataset.range(10)), iter(tf.data.Dataset.range(10))
+        with towers.CheckpointManager(directory, model, extra={"a": first, "b": second}) as manager:
+            next(first), next(second)
+            manager.save(1)
+        fresh = iter(tf.data.Dataset.range(10))
+        shuffled = iter(tf.data.Dataset.range(10).shuffle(4, seed=1))  # does not fit "b"
+        with towers.CheckpointManager(
+            directory, model, extra={"a": fresh, "b": shuffled}
+        ) as manager:
+            with self.assertRaisesRegex(ValueError, "does not fit this input pipeline"):
+                manager.restore_latest()
+        self.assertEqual(int(next(fresh)), 0)  # "a" was put back where it was
+        other = iter(tf.data.Dataset.range(10).map(lambda i: tf.cast(i, tf.float32)))
+        with towers.CheckpointManager(directory, model, extra={"a": other, "b": second}) as m:
+            with self.assertRaisesRegex(ValueError, "belongs to a pipeline of other elements"):
+                m.restore_latest()
 
     def test_a_checkpoint_without_the_position_needs_strict_false(self):
         directory = os.path.join(self.get_temp_dir(), "run")

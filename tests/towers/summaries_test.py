@@ -76,6 +76,15 @@ class StepTimerTest(tf.test.TestCase):
         self.assertEqual(timer.seconds_left, 3.0)  # 6 steps left at 0.5 s
         self.assertIn("step 4/10: 500.00 ms/step, 128 examples/s, 0:00:03 left", logs.output[-1])
 
+    def test_a_restart_from_an_earlier_step_starts_the_clock_again(self):
+        ticks = iter([0.0, 1.0, 2.0, 100.0, 101.0])
+        timer = towers.StepTimer(every=1, clock=lambda: next(ticks))
+        for step in (1, 2, 3):
+            timer.step_end(step)
+        self.assertFalse(timer.step_end(1))  # resumed from step 1, long after
+        self.assertTrue(timer.step_end(2))
+        self.assertEqual(timer.ms_per_step, 1000.0)
+
     def test_writes_perf_summaries_with_a_writer(self):
         logdir = self.get_temp_dir() + "/perf"
         ticks = iter([0.0, 0.01, 0.02])
