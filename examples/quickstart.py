@@ -10,6 +10,7 @@ the same code path as on a multi-GPU machine runs anywhere:
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=100
     python examples/quickstart.py --checkpoint_dir=/tmp/run --steps=200 --resume --towers=2
     python examples/quickstart.py --logdir=/tmp/logs   # then: tensorboard --logdir=/tmp/logs
+    python -m towers.launch --workers=2 examples/quickstart.py --replicated --towers=2
 
 The input is a shuffled `tf.data` pipeline whose position is checkpoint state, so a resumed
 run reads exactly the batches an uninterrupted one would.
@@ -153,6 +154,11 @@ def train(
     # float16 needs a loss scale; bfloat16 has float32's range and does not.
     loss_scale = towers.DynamicLossScale() if compute_dtype == "float16" else None
     images, labels = make_data(batch_size * 8, seed)
+    workers = towers.current_workers()  # each worker reads its own part of the data
+    images, labels = (
+        images[workers.index :: workers.num_workers],
+        labels[workers.index :: workers.num_workers],
+    )
     batches = iter(make_dataset(images, labels, batch_size, seed))
     optimizer = towers.SGD(learning_rate)
     if replicated:
@@ -231,6 +237,7 @@ def choose_devices(num_towers: int) -> list[str]:
         cpu = tf.config.list_physical_devices("CPU")[0]
         if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:
             towers.simulate_devices(wanted)
+    towers.init_workers()  # joins the cluster of TF_CONFIG (towers.launch); alone: nothing
     return towers.list_devices(num=num_towers or None)
 
 
@@ -254,6 +261,7 @@ def main(argv: list[str]) -> None:
     )
     if result["manager"]:
         logging.info("best weights: %s", result["manager"].best_weights)
+    towers.barrier("trained")  # several workers: none leaves while a peer still needs it
     if len(result["step_seconds"]) < 2:
         return
     median = statistics.median(result["step_seconds"])

@@ -29,6 +29,7 @@ def all_reduce_gradients(
     wire_dtype: tf.DType | None = None,
     sparse: str = "gather",
     variables: Sequence[tf.Variable] | None = None,
+    total_weight: Weight | None = None,
 ) -> list[list[Gradient]]:
     """All-reduces tower gradients so that every tower holds their weighted mean.
 
@@ -60,6 +61,9 @@ def all_reduce_gradients(
       wire_dtype: None, tf.float16 or tf.bfloat16.
       sparse: "gather" or "dense".
       variables: The N variables of tower 0, optional, to name them in errors.
+      total_weight: The sum of the weights of every tower of the reduction, when `algorithm`
+        spans more towers than these (other workers'): weights are divided by it, not by
+        their own sum. None: these towers are all.
 
     Returns:
       K lists of N gradients.
@@ -78,7 +82,7 @@ def all_reduce_gradients(
         )
     check_options(bucket_bytes, wire_dtype, sparse)
     algorithm = all_reduce_algorithm(algorithm)
-    norm = normalized_weights(weights, len(devices), "all_reduce_gradients")
+    norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total_weight)
     out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
     dense_columns = []
     for j, column in enumerate(zip(*tower_grads)):

@@ -11,14 +11,18 @@ from towers.ops._tensorflow import tf
 Weight = int | float | tf.Tensor
 
 
-def normalized_weights(weights: Sequence[Weight] | None, num: int, what: str) -> list[Weight]:
-    """Returns `num` weights that sum to one.
+def normalized_weights(
+    weights: Sequence[Weight] | None, num: int, what: str, total: Weight | None = None
+) -> list[Weight]:
+    """Returns `num` weights that sum to one (or, with `total`, their share of `total`).
 
     Args:
       weights: None for equal weights, or `num` non-negative numbers or scalar tensors (shard
         sizes can be passed as they are); they are divided by their sum.
       num: How many values are being weighted (towers).
       what: The calling function's name, for error messages.
+      total: What to divide by instead of the weights' own sum: the sum of every weight of
+        a reduction that spans more values than these (several workers' towers).
 
     Returns:
       A list of `num` Python floats when every weight is a Python number, else float32 scalars.
@@ -34,13 +38,13 @@ def normalized_weights(weights: Sequence[Weight] | None, num: int, what: str) ->
             f"`weights` must have one entry per tower for {what}; got {len(weights)} weights "
             f"for {num} towers. Pass the shard sizes from `ops.shard_sizes`."
         )
-    if all(isinstance(w, (int, float)) for w in weights):
+    if total is None and all(isinstance(w, (int, float)) for w in weights):
         if any(w < 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"`weights` must be non-negative with a positive sum; got {weights}.")
         total = float(sum(weights))
         return [w / total for w in weights]
     weights = [tf.cast(w, tf.float32) for w in weights]
-    total = tf.add_n(weights)
+    total = tf.add_n(weights) if total is None else tf.cast(total, tf.float32)
     return [w / total for w in weights]
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf  # noqa: E402
 
 import towers  # noqa: E402
 
-NUM_DEVICES = 8
+NUM_DEVICES = int(os.environ.get("TOWERS_TEST_DEVICES", "8"))  # workers of a test: fewer
 tf.get_logger().setLevel("ERROR")
 tf.config.set_visible_devices([], "GPU")
 towers.simulate_devices(NUM_DEVICES)
@@ -56,6 +56,13 @@ class Model(tf.Module):
         embedded = tf.reduce_mean(tf.gather(self.embedding, inputs["ids"]), axis=1)
         hidden = tf.tanh(tf.matmul(tf.concat([inputs["features"], embedded], 1), self.w1) + self.b1)
         return tf.matmul(hidden, self.w2)
+
+
+def built_model() -> Model:
+    """A `Model` whose variables exist (called once on a one-example batch)."""
+    model = Model()
+    model(batch(1)[0])
+    return model
 
 
 def loss_fn(model: Model):

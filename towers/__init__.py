@@ -44,6 +44,8 @@ from towers._train_step import tower_gradients, train_step, variable_list
 from towers._variable_strategy import ReducedGradients, VariableStrategy, updates_state
 from towers._weight_targets import named_variables
 from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
+from towers._worker_all_reduce import WorkersAllReduce
+from towers._workers import WorkerInfo, barrier, current_workers, init_workers
 
 __all__ = [
     "LAMB",
@@ -68,14 +70,19 @@ __all__ = [
     "RestoreReport",
     "TowerContext",
     "VariableStrategy",
+    "WorkerInfo",
+    "WorkersAllReduce",
     "apply_reduced",
     "apply_replicated",
+    "barrier",
     "batch_moments",
     "canonical_device",
     "check_replicas_identical",
     "cross_tower_sum",
     "current_tower",
+    "current_workers",
     "evaluate",
+    "init_workers",
     "list_devices",
     "named_variables",
     "ops",

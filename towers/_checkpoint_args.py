@@ -1,11 +1,13 @@
 """The arguments a `CheckpointManager` checks where they are given."""
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from towers._atomic_files import as_path
 from towers._weight_targets import Target
 from towers.ops._tensorflow import tf
 
@@ -22,6 +24,30 @@ def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:
             f"variables, tf.data iterators); got {extra!r}."
         )
     return dict(extra)
+
+
+def check_options(
+    every_n_steps: Any, keep_last: Any, monitor: Any, suffix: Any, suffixes: Any
+) -> None:
+    """The manager's numeric and named options, or a ValueError naming the one that is off."""
+    if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
+        raise ValueError(f"`every_n_steps` must be a positive int or None; got {every_n_steps!r}.")
+    if not is_int(keep_last) or keep_last < 1:
+        raise ValueError(f"`keep_last` must be a positive int; got {keep_last!r}.")
+    if monitor not in (None, "min", "max"):
+        raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
+    if suffix not in suffixes:
+        raise ValueError(f"`suffix` must be one of {sorted(suffixes)}; got {suffix!r}.")
+
+
+def checked_directory(directory: Any) -> str:
+    """The checkpoint directory as a path: not empty, not a file."""
+    path = as_path(directory, "directory")
+    if not path:
+        raise ValueError("`directory` must name a directory; got ''.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`directory` {path!r} is a file; CheckpointManager needs a directory.")
+    return path
 
 
 def check_session(session: Any) -> None:

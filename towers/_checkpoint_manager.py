@@ -7,13 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from towers import _weight_formats
-from towers._atomic_files import as_path, remove_stale_temporaries
+from towers._atomic_files import remove_stale_temporaries
 from towers._checkpoint_args import (
+    check_options,
     check_session,
     check_step,
+    checked_directory,
     checked_extra,
     finite_number,
-    is_int,
 )
 from towers._checkpoint_files import EXTENSIONS, LOCK, NAME, next_serial, remove
 from towers._checkpoint_records import (
@@ -29,6 +30,7 @@ from towers._directory_lock import DirectoryLock
 from towers._optimizer_checks import check_checkpointable
 from towers._weight_targets import Target
 from towers._weights_io import save_weights
+from towers._workers import current_workers
 from towers.ops._tensorflow import tf
 
 
@@ -42,7 +44,8 @@ class CheckpointManager:
     the save it replaces, and only files the manager's records name are ever deleted, once
     superseded. `checkpoints.json` indexes what is kept and is rebuilt when lost. One writer
     per directory: an OS lock on `checkpoints.lock`, held until `close()`. Names carry no
-    tower prefix, so a run saved with K towers resumes with any other number.
+    tower prefix, so a run saved with K towers resumes with any other number. Across workers
+    only the chief writes; every worker restores from the (shared or copied) directory.
 
     Args:
       directory: Where the checkpoints live; created if needed.
@@ -93,30 +96,20 @@ class CheckpointManager:
         extra: Mapping[str, Target] | None = None,
         session: tf.compat.v1.Session | None = None,
     ):
-        if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
-            raise ValueError(
-                f"`every_n_steps` must be a positive int or None; got {every_n_steps!r}."
-            )
-        if not is_int(keep_last) or keep_last < 1:
-            raise ValueError(f"`keep_last` must be a positive int; got {keep_last!r}.")
-        if monitor not in (None, "min", "max"):
-            raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
-        if suffix not in EXTENSIONS:
-            raise ValueError(f"`suffix` must be one of {sorted(EXTENSIONS)}; got {suffix!r}.")
+        check_options(every_n_steps, keep_last, monitor, suffix, EXTENSIONS)
         check_session(session)
         check_checkpointable(optimizer)
         self.extra = checked_extra(extra)
-        self.directory = as_path(directory, "directory")
-        if not self.directory:
-            raise ValueError("`directory` must name a directory; got ''.")
-        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
-            raise ValueError(
-                f"`directory` {self.directory!r} is a file; CheckpointManager needs a directory."
-            )
+        self.directory = checked_directory(directory)
         self.model, self.optimizer, self.session = model, optimizer, session
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.monitor, self.suffix = monitor, suffix
         self._thread_lock = threading.Lock()
+        self.writes = current_workers().is_chief  # other workers read what the chief writes
+        if not self.writes:
+            self._lock, self._records = None, scan(self.directory, repair=False)[0]
+            self._checkpoints, self._best = kept(self._records, keep_last, monitor)
+            return
         self._lock = DirectoryLock(self.directory, LOCK, holder="another CheckpointManager")
         try:
             remove_stale_temporaries(self.directory, NAME.pattern)
@@ -136,7 +129,9 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Releases the directory for another writer; the manager cannot save after it."""
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
+        self._closed = True
 
     @property
     def steps(self) -> list[int]:
@@ -188,7 +183,8 @@ class CheckpointManager:
           value: The monitored value (e.g. a validation loss); required when `monitor` is set.
 
         Returns:
-          The path of the weights written.
+          The path of the weights written ("" on a worker other than the chief, which
+          writes nothing: the chief's copy of the variables is every worker's).
 
         Raises:
           ValueError: if `step` is not an int >= 0, or `monitor` is set and `value` is
@@ -200,6 +196,9 @@ class CheckpointManager:
             raise ValueError(
                 f"`value` must be a finite number when monitor={self.monitor!r}; got {value!r}."
             )
+        if not self.writes:
+            self._check_open()
+            return ""
         with self._thread_lock:
             self._check_open()
             if self._checkpoints and step < self._checkpoints[-1].step:
@@ -232,6 +231,9 @@ class CheckpointManager:
           ValueError: if a file is corrupt, or (strict) weights or state do not match.
         """
         self._check_open()
+        if not self.writes:  # what the chief has written by now
+            self._records = scan(self.directory, repair=False)[0]
+            self._checkpoints, self._best = kept(self._records, self.keep_last, self.monitor)
         if not self._checkpoints:
             return 0
         latest = self._checkpoints[-1]
@@ -286,7 +288,7 @@ class CheckpointManager:
         self._records = [r for r in self._records if r not in records]
 
     def _check_open(self) -> None:
-        if not self._lock.held:
+        if getattr(self, "_closed", False) or (self._lock is not None and not self._lock.held):
             raise RuntimeError(f"This CheckpointManager of {self.directory!r} is closed.")
 
     def _improves(self, value: float) -> bool:

@@ -3,6 +3,7 @@
 from collections.abc import Iterable
 from typing import Any
 
+from towers._workers import local_devices
 from towers.ops._tensorflow import tf
 
 KINDS = ("CPU", "GPU")
@@ -116,9 +117,9 @@ def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str
         message lists the devices that do).
     """
     if kind is None:
-        kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+        kind = "GPU" if local_devices(tf.config.list_logical_devices("GPU")) else "CPU"
     kind = _kind(kind)
-    devices = [canonical_device(d) for d in tf.config.list_logical_devices(kind)]
+    devices = [canonical_device(d) for d in local_devices(tf.config.list_logical_devices(kind))]
     if num is None:
         return devices
     if isinstance(num, bool) or not isinstance(num, int) or num < 1:

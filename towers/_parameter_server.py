@@ -10,6 +10,7 @@ from towers._devices import canonical_device, check_devices_exist, device_list
 from towers._tower_context import TowerContext
 from towers._variable_names import Copies, names_of, without_tower_scope
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
+from towers._workers import current_workers
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
 from towers.ops._weighted_mean import Weight
@@ -108,7 +109,17 @@ class ParameterServer(VariableStrategy):
 
         Returns:
           One `ReducedGradients`: the averaged gradients of the single copy.
+
+        Raises:
+          ValueError: across several workers (each would train its own copy, apart).
         """
+        if current_workers().num_workers > 1:
+            raise ValueError(
+                f"The parameter-server strategy keeps one copy in this process; with "
+                f"{current_workers().num_workers} workers each would train its own copy, apart. "
+                "Across workers use towers.Replicated(build, towers.list_devices()): its "
+                "all-reduce spans every worker's devices."
+            )
         variables = trainable_list(model)
         grads = ops.average_gradients(tower_grads, weights=weights, variables=variables)
         return [ReducedGradients(grads, variables)]

@@ -10,6 +10,8 @@ from towers._replica_checks import check_new_replica, check_same_structure
 from towers._tower_context import TowerContext, current_tower
 from towers._variable_names import Copies, names_of
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
+from towers._worker_all_reduce import algorithm_for_workers, broadcast_from_chief
+from towers._workers import current_workers
 from towers.ops._all_reduce_gradients import check_options
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
@@ -75,7 +77,7 @@ class Replicated(VariableStrategy):
             raise ValueError(f"`devices` must be distinct and non-empty; got {self.devices}.")
         check_devices_exist(self.devices)
         check_options(bucket_bytes, wire_dtype, sparse)
-        self.algorithm = ops.all_reduce_algorithm(all_reduce)
+        self.algorithm = algorithm_for_workers(all_reduce)
         self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
         self.replicas = []
         for i, device in enumerate(self.devices):
@@ -128,10 +130,18 @@ class Replicated(VariableStrategy):
         return {name: tuple(v[j] for v in per_replica) for j, name in enumerate(names)}
 
     def broadcast(self) -> None:
-        """Copies the first replica's values to the others (eagerly)."""
+        """Copies the first replica's values to the others (eagerly).
+
+        Across workers (`towers.init_workers`), worker 0's first replica's values go to every
+        replica of every worker.
+        """
         for copies in self.variable_copies().values():
             for copy in copies[1:]:
                 copy.assign(copies[0])
+        if current_workers().num_workers > 1:
+            broadcast_from_chief(
+                self.algorithm, self.devices, list(self.variable_copies().values())
+            )
 
     @tf.autograph.experimental.do_not_convert
     def all_reduce(
@@ -146,6 +156,11 @@ class Replicated(VariableStrategy):
         Returns:
           K lists of N reduced gradients, list i on device i; all equal.
         """
+        total = None
+        workers = current_workers().num_workers
+        if workers > 1 and weights is not None:  # the global normaliser: every worker's sizes
+            sizes = [tf.cast(w, tf.float32) for w in weights]
+            total = self.algorithm(sizes, self.devices)[0]
         return ops.all_reduce_gradients(
             tower_grads,
             self.devices,
@@ -153,8 +168,9 @@ class Replicated(VariableStrategy):
             algorithm=self.algorithm,
             bucket_bytes=self.bucket_bytes,
             wire_dtype=self.wire_dtype,
-            sparse=self.sparse,
+            sparse="dense" if workers > 1 else self.sparse,  # no gather across workers yet
             variables=self.variables_of(0),
+            total_weight=total,
         )
 
     @tf.autograph.experimental.do_not_convert

@@ -1,0 +1,81 @@
+"""A worker of the multi-worker tests: run by `workers_test.py`, one process per worker.
+
+Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
+MODE: "train" (10 steps on this worker's part of each global batch, the chief saves the
+weights to OUT), "checkpoint" (5 steps, then a CheckpointManager in the directory OUT),
+"kill" / "stop" (worker 1 kills or freezes itself after one step; the others report the
+error they get and how long after the fault it came, to OUT.<index>.json).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ["TOWERS_TEST_DEVICES"] = "2"  # two towers per worker
+
+import tensorflow as tf  # noqa: E402
+
+import towers  # noqa: E402
+from tests import test_util  # noqa: E402  (splits the CPU, before the runtime starts)
+
+# A short heartbeat for the fault tests (the bound they check); a long one otherwise, so
+# that a worker starved of CPU on a loaded 2-core machine is not declared dead.
+INFO = towers.init_workers(heartbeat_seconds=3.0 if sys.argv[1] in ("kill", "stop") else 30.0)
+
+
+def _build():
+    model = test_util.Model()
+    model(test_util.batch(1)[0])
+    return model
+
+
+def _my_part(batch, sizes):
+    first = sum(sizes[: INFO.index])
+    mine = slice(first, first + sizes[INFO.index])
+    return tf.nest.map_structure(lambda t: t[mine], batch)
+
+
+def main(mode, out, sizes):
+    devices = towers.list_devices()
+    replicas = towers.Replicated(_build, devices)
+    optimizer = towers.SGD(0.1, momentum=0.9)
+
+    @tf.function
+    def step(batch):
+        return towers.train_step(
+            lambda b: test_util.loss_fn(replicas.local())(b), replicas, optimizer, batch, devices
+        )[0]
+
+    steps = {"train": 10, "checkpoint": 5}.get(mode, 1000)
+    for i in range(steps):
+        step(_my_part(test_util.batch(sum(sizes), seed=i), sizes))
+        if mode in ("kill", "stop") and i == 0 and INFO.index == 1:
+            with open(f"{out}.fault", "w") as f:
+                f.write(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+    towers.check_replicas_identical(replicas)
+    if mode == "checkpoint":  # every worker calls it; the chief alone writes
+        with towers.CheckpointManager(out, replicas, optimizer) as manager:
+            written = manager.save(steps)
+        assert bool(written) == INFO.is_chief, written
+    elif INFO.is_chief:
+        towers.save_weights(replicas, out)
+    towers.barrier("end")
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    sizes = (
+        [int(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else [6] * INFO.num_workers
+    )
+    try:
+        main(mode, out, sizes)
+    except Exception as error:  # noqa: BLE001  (reported to the test, then a non-zero exit)
+        with open(f"{out}.{INFO.index}.json", "w") as f:
+            json.dump(
+                {"error": type(error).__name__, "at": time.time(), "why": str(error)[:300]}, f
+            )
+        raise

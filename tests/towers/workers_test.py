@@ -1,0 +1,170 @@
+"""Several workers on TensorFlow's collective runtime: each a subprocess on loopback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from unittest import mock
+
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+from towers import _parameter_server, launch
+
+# What a survivor may see: the peer's connection reset, or the coordination service's verdict.
+ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError", "CancelledError")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _start_workers(n, *args):
+    """Starts `n` workers of `workers_program` with their TF_CONFIG; returns the processes."""
+    cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
+    processes = []
+    for i in range(n):
+        config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}
+        env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": ROOT}
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.towers.workers_program", *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    return processes
+
+
+def _wait(processes, timeout=120):
+    """Every process's (exit code, output); kills what is left after `timeout` seconds."""
+    deadline, results = time.monotonic() + timeout, []
+    for process in processes:
+        try:
+            output, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+        results.append((process.returncode, output))
+    return results
+
+
+def _reference(sizes, steps=10):
+    """One process, one device, the concatenated batch: the weights the workers must reach."""
+    model = test_util.Model()
+    model(test_util.batch(1)[0])
+    step = test_util.reference_step(model, test_util.loss_fn(model), 0.1, momentum=0.9)
+    for i in range(steps):
+        step(test_util.batch(sum(sizes), seed=i))
+    return towers.named_variables(model)
+
+
+class TrainTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(([6, 6],), ([5, 8],), ([4, 3, 6],))
+    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes):
+        path = os.path.join(self.get_temp_dir(), "weights.npz")
+        results = _wait(_start_workers(len(sizes), "train", path, ",".join(map(str, sizes))))
+        for code, output in results:
+            self.assertEqual(code, 0, output[-3000:])
+        saved = towers.read_weights(path)
+        for name, var in _reference(sizes).items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+
+    def test_the_launcher_runs_them(self):
+        path = os.path.join(self.get_temp_dir(), "launched.npz")
+        script = os.path.join(ROOT, "tests", "towers", "workers_program.py")
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
+        self.assertEqual(code, 0)
+        saved = towers.read_weights(path)
+        for name, var in _reference([5, 6]).items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+
+    def test_the_chiefs_checkpoint_resumes_in_one_process(self):
+        directory = os.path.join(self.get_temp_dir(), "run")
+        for code, output in _wait(_start_workers(2, "checkpoint", directory, "5,6")):
+            self.assertEqual(code, 0, output[-3000:])
+        self.assertEqual(sorted(os.listdir(directory)).count("checkpoints.json"), 1)
+        devices = test_util.devices(3)
+        replicas = towers.Replicated(test_util.built_model, devices)
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        with towers.CheckpointManager(directory, replicas, optimizer) as manager:
+            self.assertEqual(manager.restore_latest(), 5)
+
+        @tf.function
+        def step(batch):
+            loss_fn = lambda b: test_util.loss_fn(replicas.local())(b)  # noqa: E731
+            return towers.train_step(loss_fn, replicas, optimizer, batch, devices)[0]
+
+        for i in range(5, 10):
+            step(test_util.batch(11, seed=i))
+        want = _reference([5, 6])
+        for name, var in towers.named_variables(replicas).items():
+            test_util.assert_allclose(var, want[name], rtol=1e-5, atol=1e-6)
+
+
+class AloneTest(tf.test.TestCase):
+    def test_without_tf_config_one_worker_alone(self):
+        self.assertEqual(towers.init_workers(), towers.WorkerInfo(0, 1, "localhost"))
+        self.assertTrue(towers.current_workers().is_chief)
+        towers.barrier("nothing to wait for")
+
+    def test_a_bad_tf_config_is_refused_clearly(self):
+        for text, message in (
+            ("{", "must be JSON"),
+            ('{"cluster": {"chief": ["a:1"]}, "task": {"type": "worker"}}', "must list the"),
+            ('{"cluster": {"worker": ["a:1"]}, "task": {"index": 3}}', "index must be in"),
+        ):
+            with mock.patch.dict(os.environ, {"TF_CONFIG": text}):
+                with self.assertRaisesRegex(ValueError, message):
+                    towers.init_workers()
+
+    def test_the_parameter_server_strategy_is_refused_across_workers(self):
+        two = towers.WorkerInfo(0, 2, "worker")
+        with mock.patch.object(_parameter_server, "current_workers", lambda: two):
+            model = test_util.built_model()
+            with self.assertRaisesRegex(ValueError, "Across workers use towers.Replicated"):
+                towers.train_step(
+                    test_util.loss_fn(model),
+                    model,
+                    towers.SGD(0.1),
+                    test_util.batch(4),
+                    test_util.devices(2),
+                )
+
+
+class FailureTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters("kill", "stop")
+    def test_a_dead_or_frozen_worker_is_an_error_on_the_others(self, mode):
+        """Worker 1 of 3 is SIGKILLed or SIGSTOPped after a step; the others fail in time."""
+        path = os.path.join(self.get_temp_dir(), mode)
+        processes = _start_workers(3, mode, path)
+        survivors = _wait([processes[0], processes[2]], timeout=60)
+        processes[1].kill()  # a frozen worker stays frozen
+        _wait([processes[1]], timeout=10)
+        with open(f"{path}.fault") as f:
+            fault = float(f.read())
+        for index, (code, output) in zip((0, 2), survivors):
+            self.assertNotEqual(code, 0, output[-2000:])
+            with open(f"{path}.{index}.json") as f:
+                report = json.load(f)
+            self.assertIn(report["error"], ERRORS, output[-2000:])
+            # The bound stated in the README: the heartbeat (3 s here) plus its period.
+            self.assertLess(report["at"] - fault, 10.0, report)
+
+
+if __name__ == "__main__":
+    tf.test.main()
