@@ -2,9 +2,10 @@
 
 Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
 MODE: "train" (10 steps on this worker's part of each global batch, the chief saves the
-weights to OUT), "checkpoint" (5 steps, then a CheckpointManager in the directory OUT),
-"kill" / "stop" (worker 1 kills or freezes itself after one step; the others report the
-error they get and how long after the fault it came, to OUT.<index>.json).
+weights to OUT), "retrace" (the same, worker 1's batches 2 smaller from step 5),
+"checkpoint" (5 steps, then a CheckpointManager in the directory OUT), "kill" / "stop"
+(worker 1 kills or freezes itself after one step; the others report the error they get and
+how long after the fault it came, to OUT.<index>.json).
 """
 
 import json
@@ -38,6 +39,14 @@ def _my_part(batch, sizes):
     return tf.nest.map_structure(lambda t: t[mine], batch)
 
 
+def step_sizes(mode, sizes, i):
+    """Each worker's batch size at step i: in "retrace" mode, worker 1's shrinks at step 5,
+    so that it alone traces its step again."""
+    if mode == "retrace" and i >= 5:
+        return [n - 2 if w == 1 else n for w, n in enumerate(sizes)]
+    return sizes
+
+
 def main(mode, out, sizes):
     devices = towers.list_devices()
     replicas = towers.Replicated(_build, devices)
@@ -49,9 +58,13 @@ def main(mode, out, sizes):
             lambda b: test_util.loss_fn(replicas.local())(b), replicas, optimizer, batch, devices
         )[0]
 
-    steps = {"train": 10, "checkpoint": 5}.get(mode, 1000)
+    steps = {"train": 10, "retrace": 10, "checkpoint": 5}.get(mode, 1000)
+    traced = 0
     for i in range(steps):
-        step(_my_part(test_util.batch(sum(sizes), seed=i), sizes))
+        now = step_sizes(mode, sizes, i)
+        if i == 5:
+            traced = step.experimental_get_tracing_count()
+        step(_my_part(test_util.batch(sum(now), seed=i), now))
         if mode in ("kill", "stop") and i == 0 and INFO.index == 1:
             with open(f"{out}.fault", "w") as f:
                 f.write(str(time.time()))
@@ -63,6 +76,9 @@ def main(mode, out, sizes):
         assert bool(written) == INFO.is_chief, written
     elif INFO.is_chief:
         towers.save_weights(replicas, out)
+    if mode == "retrace":  # from step 5 on, worker 1 traced once more, the others did not
+        more = step.experimental_get_tracing_count() - traced
+        assert more == (1 if INFO.index == 1 else 0), more
     towers.barrier("end")
 
 

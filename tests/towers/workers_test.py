@@ -62,14 +62,20 @@ def _wait(processes, timeout=120):
     return results
 
 
-def _reference(sizes, steps=10):
+def _reference(sizes, steps=10, mode="train"):
     """One process, one device, the concatenated batch: the weights the workers must reach."""
-    model = test_util.Model()
-    model(test_util.batch(1)[0])
+    model = test_util.built_model()
     step = test_util.reference_step(model, test_util.loss_fn(model), 0.1, momentum=0.9)
     for i in range(steps):
-        step(test_util.batch(sum(sizes), seed=i))
+        step(test_util.batch(sum(workers_program_sizes(mode, sizes, i)), seed=i))
     return towers.named_variables(model)
+
+
+def workers_program_sizes(mode, sizes, i):
+    """The workers' batch sizes at step i (as `workers_program.step_sizes`)."""
+    if mode == "retrace" and i >= 5:
+        return [n - 2 if w == 1 else n for w, n in enumerate(sizes)]
+    return sizes
 
 
 class TrainTest(tf.test.TestCase, parameterized.TestCase):
@@ -81,6 +87,15 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(code, 0, output[-3000:])
         saved = towers.read_weights(path)
         for name, var in _reference(sizes).items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+
+    def test_a_worker_retracing_alone_keeps_working(self):
+        """Worker 1's batches shrink at step 5: it traces again, the others do not."""
+        path = os.path.join(self.get_temp_dir(), "retraced.npz")
+        for code, output in _wait(_start_workers(2, "retrace", path, "5,6")):
+            self.assertEqual(code, 0, output[-3000:])
+        saved = towers.read_weights(path)
+        for name, var in _reference([5, 6], mode="retrace").items():
             test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
 
     def test_the_launcher_runs_them(self):
@@ -121,6 +136,24 @@ class AloneTest(tf.test.TestCase):
         self.assertEqual(towers.init_workers(), towers.WorkerInfo(0, 1, "localhost"))
         self.assertTrue(towers.current_workers().is_chief)
         towers.barrier("nothing to wait for")
+
+    def test_the_private_start_up_calls_still_exist(self):
+        """init_workers uses calls TensorFlow does not export: a new version must keep them."""
+        from tensorflow.core.protobuf import tensorflow_server_pb2
+        from tensorflow.python.eager import context
+
+        for name in (
+            "configure_collective_ops",
+            "configure_coordination_service",
+            "enable_collective_ops",
+            "ensure_initialized",
+            "wait_at_barrier",
+        ):
+            self.assertTrue(callable(getattr(context.Context, name, None)), name)
+        self.assertTrue(hasattr(context.context(), "_initialized"))
+        fields = tensorflow_server_pb2.ServerDef.DESCRIPTOR.fields_by_name
+        for field in ("cluster", "job_name", "task_index", "protocol", "port"):
+            self.assertIn(field, fields)
 
     def test_a_bad_tf_config_is_refused_clearly(self):
         for text, message in (
