@@ -15,7 +15,7 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ["TOWERS_TEST_DEVICES"] = "2"  # two towers per worker
+os.environ["TOWERS_TEST_DEVICES"] = os.environ.get("WORKER_DEVICES", "2")  # towers per worker
 
 import tensorflow as tf  # noqa: E402
 

@@ -30,13 +30,14 @@ def _ports(n):
     return ports
 
 
-def _start_workers(n, *args):
+def _start_workers(n, *args, devices=2):
     """Starts `n` workers of `workers_program` with their TF_CONFIG; returns the processes."""
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
     for i in range(n):
         config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}
         env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": ROOT}
+        env["WORKER_DEVICES"] = str(devices)
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.towers.workers_program", *args],
@@ -87,6 +88,15 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(code, 0, output[-3000:])
         saved = towers.read_weights(path)
         for name, var in _reference(sizes).items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+
+    def test_one_device_per_worker(self):
+        """The usual cluster: one GPU per host. The all-reduce still spans the workers."""
+        path = os.path.join(self.get_temp_dir(), "one.npz")
+        for code, output in _wait(_start_workers(2, "train", path, "5,6", devices=1)):
+            self.assertEqual(code, 0, output[-3000:])
+        saved = towers.read_weights(path)
+        for name, var in _reference([5, 6]).items():
             test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
 
     def test_a_worker_retracing_alone_keeps_working(self):
