@@ -5,7 +5,7 @@ from typing import Any
 
 from towers._accumulator import GradientAccumulator
 from towers._loss_scale import LossScale, scale_value
-from towers._optimizer import Optimizer
+from towers._optimizer import Optimizer, update_ops
 from towers._optimizer_checks import AppliesGradients
 from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import ReducedGradients, VariableStrategy
@@ -73,7 +73,7 @@ def apply_reduced(
         return now()
     ready = accumulate.ready()
     applied = tf.cond(ready, lambda: _true_after(now()), lambda: tf.constant(False))
-    return [applied, accumulate.finish(ready, batch_size, after=_ops([applied]))]
+    return [applied, accumulate.finish(ready, batch_size, after=update_ops(applied))]
 
 
 def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) -> list:
@@ -98,14 +98,14 @@ def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) 
     finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
     updates = []
     for copy, grads in zip(reduced, hooked):
-        with device_scope(copy.device), tf.control_dependencies(_ops(checks)):
+        with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
             if nonfinite == "skip":
                 updates.append(_applied_if(finite, apply_gradients, pairs))
             else:
                 updates.append(apply_gradients(pairs))
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
-        with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
+        with tf.control_dependencies(update_ops(updates)):
             updates.append(loss_scale.update(finite))
     return updates
 
@@ -135,7 +135,7 @@ def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradie
 
 
 def _true_after(updates: list) -> tf.Tensor:
-    with tf.control_dependencies(_ops(tf.nest.flatten(updates))):
+    with tf.control_dependencies(update_ops(updates)):
         return tf.constant(True)
 
 
@@ -187,16 +187,6 @@ def _applied_if(finite: tf.Tensor, apply_gradients: Callable, pairs: list) -> tf
         return _true_after([apply_gradients(pairs)])
 
     return tf.cond(finite, apply, lambda: tf.constant(False))
-
-
-def _ops(values: list) -> list:
-    found = []
-    for value in values:
-        if isinstance(value, (tf.Operation, tf.Tensor)):
-            found.append(value)
-        elif isinstance(getattr(value, "op", None), tf.Operation):
-            found.append(value.op)
-    return found
 
 
 def apply_replicated(

@@ -190,10 +190,10 @@ class Optimizer(tf.Module, CopiedState):
                         cast[key] = (tf.cast(lr, var.dtype), tf.cast(done + 1, var.dtype))
                     updates.append(self._update_one(grad, var, state.slots, *cast[key]))
             if counter is not None:
-                with tf.device(counter.device), tf.control_dependencies(_ops(updates)):
+                with tf.device(counter.device), tf.control_dependencies(update_ops(updates)):
                     ops.append(counter.assign_add(1))
             ops += updates
-        return tf.group(_ops(ops))
+        return tf.group(update_ops(ops))
 
     @property
     def counts_steps(self) -> bool:
@@ -277,10 +277,14 @@ def _is_copies(variables: Any) -> bool:
     return isinstance(variables, Mapping) and all(isinstance(v, tuple) for v in variables.values())
 
 
-def _ops(values: list) -> list:
-    """The ops of update results; a variable's assign in a graph returns an unread variable."""
+def update_ops(updates: Any) -> list:
+    """The ops and tensors in update results (nested), for a control dependency.
+
+    A variable's `assign` in a graph returns the variable, unread: its `op` is the update.
+    Anything else (None, numbers, eagerly run updates) is left out.
+    """
     found = []
-    for value in values:
+    for value in tf.nest.flatten(updates):
         if isinstance(value, (tf.Operation, tf.Tensor)):
             found.append(value)
         elif isinstance(getattr(value, "op", None), tf.Operation):

@@ -10,7 +10,7 @@ from towers._apply_reduced import NONFINITE, GradientHook, apply_reduced
 from towers._devices import device_list
 from towers._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value
 from towers._micro_batches import check_micro_batches, in_micro_batches
-from towers._optimizer import Optimizer
+from towers._optimizer import Optimizer, update_ops
 from towers._optimizer_checks import AppliesGradients, is_keras
 from towers._tower_builder import replicate, resolve_strategy
 from towers._tower_context import current_tower
@@ -227,7 +227,7 @@ def train_step(
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
     else:
         outputs = None
-    with tf.control_dependencies(_ops_of(updates)):
+    with tf.control_dependencies(update_ops(updates)):
         loss = tf.identity(loss)
     return loss, outputs
 
@@ -279,9 +279,3 @@ def _check_some_gradient(grads: list, variables: list[tf.Variable]) -> None:
             "from the trained variables (not from a copy, a constant or under "
             "tf.stop_gradient); check that `loss_fn` calls the model it is given."
         )
-
-
-@tf.autograph.experimental.do_not_convert
-def _ops_of(update: Any) -> list:
-    """The ops and tensors in an optimizer's return value, for a control dependency."""
-    return [u for u in tf.nest.flatten(update) if isinstance(u, (tf.Operation, tf.Tensor))]
