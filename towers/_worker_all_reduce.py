@@ -1,12 +1,11 @@
 """An all-reduce over every worker's towers: one `CollectiveReduceV2` per local device."""
 
 import zlib
-from collections.abc import Sequence
 
 from towers._workers import current_workers
-from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
-from towers.ops._all_reduce.collective import ordering_token, outermost_graph
+from towers.ops._all_reduce.collective import CollectiveAllReduce, outermost_graph
 from towers.ops._tensorflow import tf
 
 # Group keys of cross-worker reductions: the same on every worker (derived, not drawn), below
@@ -16,7 +15,7 @@ _GROUP_BASE = 2**18
 _CALLS = "towers.worker_all_reduce_calls"
 
 
-class WorkersAllReduce(AllReduce):
+class WorkersAllReduce(CollectiveAllReduce):
     """Sums over the devices of every worker (`towers.init_workers`), each its local ones.
 
     Every worker builds the same reductions in the same order; each reduction is one
@@ -25,7 +24,8 @@ class WorkersAllReduce(AllReduce):
     instance key from the reduction's number within the trace, its shape and its dtype, so a
     worker that retraces alone (a short last batch) still meets the others, and two functions
     of one process never reuse a key at another shape (which TensorFlow's runtime refuses for
-    good). Every worker must have the same number of towers.
+    good). Every worker must have the same number of towers. The reductions themselves are
+    `CollectiveAllReduce`'s (ordering tokens, checks), with these keys.
 
     Args:
       timeout_seconds: How long a reduction may wait for the other workers (a dead worker is
@@ -35,58 +35,16 @@ class WorkersAllReduce(AllReduce):
     name = "workers"
 
     def __init__(self, timeout_seconds: float = 300.0):
-        if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
-            raise ValueError(f"`timeout_seconds` must be a number; got {timeout_seconds!r}.")
-        if timeout_seconds <= 0:
-            raise ValueError(f"`timeout_seconds` must be positive; got {timeout_seconds!r}.")
-        self.timeout_seconds = float(timeout_seconds)
+        super().__init__(timeout_seconds)
 
-    @tf.autograph.experimental.do_not_convert
-    def __call__(
-        self,
-        values: Sequence[tf.Tensor],
-        devices: Sequence[str],
-        *,
-        reduction: str = "sum",
-        wire_dtype: tf.DType | None = None,
-    ) -> list[tf.Tensor]:
-        """All-reduces over every worker; with one local device too (unlike the base)."""
-        if reduction != "sum" or len(values) > 1:
-            return super().__call__(values, devices, reduction=reduction, wire_dtype=wire_dtype)
-        return self.sum([tf.convert_to_tensor(v) for v in values], list(devices), wire_dtype)
+    def group_size(self, num_values: int) -> int:
+        """Every worker's devices: `num_values` local ones times the number of workers."""
+        return num_values * current_workers().num_workers
 
-    def sum(
-        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
-    ) -> list[tf.Tensor]:
-        """One `CollectiveReduceV2` per local device over every worker's; see `AllReduce.sum`.
-
-        Raises:
-          ValueError: outside `tf.function`, or if a device repeats.
-        """
-        if tf.executing_eagerly() or not tf.compat.v1.executing_eagerly_outside_functions():
-            raise ValueError(
-                "The 'workers' all-reduce must be built inside tf.function: wrap the step in "
-                "@tf.function."
-            )
-        if len(set(devices)) != len(devices):
-            raise ValueError(f"The 'workers' all-reduce needs distinct devices; got {devices}.")
-        group_size = len(devices) * current_workers().num_workers
-        instance = _instance_key(values[0])
-        out = []
-        for value, device in zip(values, devices):
-            with tf.device(device):
-                summed = tf.raw_ops.CollectiveReduceV2(
-                    input=to_wire(value, wire_dtype),
-                    group_size=group_size,
-                    group_key=_GROUP_BASE + group_size,
-                    instance_key=instance,
-                    ordering_token=[ordering_token(device)],
-                    merge_op="Add",
-                    final_op="Id",
-                    timeout_seconds=self.timeout_seconds,
-                )
-                out.append(tf.cast(summed, value.dtype))
-        return out
+    def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
+        """Keys every worker derives alike; see the class docstring."""
+        size = self.group_size(len(devices))
+        return size, _GROUP_BASE + size, _instance_key(value)
 
 
 def algorithm_for_workers(all_reduce: str | AllReduce) -> AllReduce:

@@ -64,7 +64,7 @@ class AllReduce(abc.ABC):
         """
         values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
         _check(values, devices, reduction, wire_dtype)
-        if len(values) == 1:
+        if self.group_size(len(values)) == 1:
             with tf.device(devices[0]):
                 return [tf.identity(values[0])]
         summed = self.sum(values, devices, wire_dtype)
@@ -73,8 +73,22 @@ class AllReduce(abc.ABC):
         out = []
         for value, device in zip(summed, devices):
             with tf.device(device):
-                out.append(value / tf.cast(len(values), value.dtype))
+                out.append(value / tf.cast(self.group_size(len(values)), value.dtype))
         return out
+
+    def group_size(self, num_values: int) -> int:
+        """How many values one all-reduce of `num_values` local values adds up.
+
+        `num_values` itself, unless the group reaches beyond this process's devices (another
+        process's towers): the mean divides by it, and a group of one is its own sum.
+
+        Args:
+          num_values: The number of values given, one per device.
+
+        Returns:
+          The number of values in the sum.
+        """
+        return num_values
 
     @abc.abstractmethod
     def sum(

@@ -76,6 +76,21 @@ class CollectiveAllReduce(AllReduce):
                 self._groups[members] = random.SystemRandom().choice(_GROUP_KEYS)
         return self._groups[members]
 
+    def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
+        """(group size, group key, instance key) of the next all-reduce of `value`s.
+
+        The extension point of collectives whose group reaches beyond `devices`.
+
+        Args:
+          value: The first device's value (its shape and dtype are the others').
+          devices: This process's devices of the all-reduce.
+
+        Returns:
+          The three keys of `CollectiveReduceV2`.
+        """
+        del value
+        return self.group_size(len(devices)), self.group_key(devices), next(self._instance_keys)
+
     def sum(
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[tf.Tensor]:
@@ -87,22 +102,22 @@ class CollectiveAllReduce(AllReduce):
         """
         if tf.executing_eagerly() or not tf.compat.v1.executing_eagerly_outside_functions():
             raise ValueError(
-                "The 'collective' all-reduce must be built inside tf.function: wrap the step "
+                f"The {self.name!r} all-reduce must be built inside tf.function: wrap the step "
                 "in @tf.function (eagerly each collective would wait alone for its peers). In "
                 "a v1 graph use 'ring' or 'reduce_broadcast'."
             )
         if len(set(devices)) != len(devices):
             raise ValueError(
-                f"The 'collective' all-reduce needs distinct devices, one value each; got "
+                f"The {self.name!r} all-reduce needs distinct devices, one value each; got "
                 f"{devices}. Reduce values of one device first, or use 'ring'."
             )
-        group, instance = self.group_key(devices), next(self._instance_keys)
+        size, group, instance = self.keys(values[0], devices)
         out = []
         for value, device in zip(values, devices):
             with tf.device(device):
                 summed = tf.raw_ops.CollectiveReduceV2(
                     input=to_wire(value, wire_dtype),
-                    group_size=len(devices),
+                    group_size=size,
                     group_key=group,
                     instance_key=instance,
                     ordering_token=[ordering_token(device)],
