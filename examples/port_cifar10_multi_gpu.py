@@ -30,6 +30,11 @@ from absl import app, flags, logging  # noqa: E402
 import towers  # noqa: E402
 from towers import ops  # noqa: E402
 
+try:
+    from examples._common import choose_devices, glorot
+except ImportError:  # run as a script: examples/ itself is on sys.path
+    from _common import choose_devices, glorot
+
 IMAGE, CHANNELS, CLASSES = 32, 3, 10
 
 
@@ -38,9 +43,9 @@ class ConvNet(tf.Module):
 
     def __init__(self, seed: int = 0):
         super().__init__(name="convnet")
-        self.conv1 = tf.Variable(_glorot([5, 5, CHANNELS, 16], seed, 1), name="conv1")
-        self.conv2 = tf.Variable(_glorot([3, 3, 16, 32], seed, 2), name="conv2")
-        self.dense = tf.Variable(_glorot([32, CLASSES], seed, 3), name="dense")
+        self.conv1 = tf.Variable(glorot([5, 5, CHANNELS, 16], seed, 1), name="conv1")
+        self.conv2 = tf.Variable(glorot([3, 3, 16, 32], seed, 2), name="conv2")
+        self.dense = tf.Variable(glorot([32, CLASSES], seed, 3), name="dense")
         self.bias = tf.Variable(tf.zeros([CLASSES]), name="bias")
 
     def __call__(self, images: tf.Tensor) -> tf.Tensor:
@@ -50,13 +55,6 @@ class ConvNet(tf.Module):
         x = tf.nn.relu(tf.nn.conv2d(x, self.conv2, strides=1, padding="SAME"))
         x = tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME")
         return tf.matmul(tf.reduce_mean(x, axis=[1, 2]), self.dense) + self.bias
-
-
-def _glorot(shape: list[int], seed: int, index: int) -> tf.Tensor:
-    """Glorot-uniform values, deterministic in (seed, index)."""
-    receptive = int(np.prod(shape[:-2]))
-    limit = np.sqrt(6.0 / (receptive * (shape[-2] + shape[-1])))
-    return tf.random.stateless_uniform(shape, [seed, index], -limit, limit)
 
 
 def make_data(num_examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -208,16 +206,6 @@ def train(
         "weights_path": weights_path,
         "kept": kept,
     }
-
-
-def choose_devices(num_towers: int) -> list[str]:
-    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU."""
-    if not tf.config.list_physical_devices("GPU"):
-        wanted = max(num_towers, 4)
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:
-            towers.simulate_devices(wanted)
-    return towers.list_devices(num=num_towers or None)
 
 
 def define_flags() -> types.SimpleNamespace:

@@ -24,6 +24,11 @@ from absl import app, flags, logging  # noqa: E402
 
 import towers  # noqa: E402
 
+try:
+    from examples._common import choose_devices, glorot
+except ImportError:  # run as a script: examples/ itself is on sys.path
+    from _common import choose_devices, glorot
+
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
 BOX_LOSS_WEIGHT = 1.0
 
@@ -47,11 +52,11 @@ class Detector(tf.Module):
 
     def __init__(self, seed: int = 0):
         super().__init__(name="detector")
-        self.hidden_w = tf.Variable(_glorot([FEATURES, HIDDEN], seed, 1), name="hidden_w")
+        self.hidden_w = tf.Variable(glorot([FEATURES, HIDDEN], seed, 1), name="hidden_w")
         self.hidden_b = tf.Variable(tf.zeros([HIDDEN]), name="hidden_b")
-        self.class_w = tf.Variable(_glorot([HIDDEN, CLASSES], seed, 2), name="class_w")
+        self.class_w = tf.Variable(glorot([HIDDEN, CLASSES], seed, 2), name="class_w")
         self.class_b = tf.Variable(tf.zeros([CLASSES]), name="class_b")
-        self.box_w = tf.Variable(_glorot([HIDDEN, 4], seed, 3), name="box_w")
+        self.box_w = tf.Variable(glorot([HIDDEN, 4], seed, 3), name="box_w")
         self.box_b = tf.Variable(tf.zeros([4]), name="box_b")
 
     def __call__(self, features: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -61,12 +66,6 @@ class Detector(tf.Module):
             "class_logits": tf.matmul(hidden, self.class_w) + self.class_b,
             "box_deltas": tf.matmul(hidden, self.box_w) + self.box_b,
         }
-
-
-def _glorot(shape: list[int], seed: int, index: int) -> tf.Tensor:
-    """Glorot-uniform values, deterministic in (seed, index)."""
-    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
-    return tf.random.stateless_uniform(shape, [seed, index], -limit, limit)
 
 
 def make_data(num_examples: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -189,16 +188,6 @@ def load_single_device(path: str, device: str = "/cpu:0") -> Detector:
         model = Detector(seed=12345)  # its own initial values, all replaced
     towers.restore_weights(model, path)
     return model
-
-
-def choose_devices(num_towers: int) -> list[str]:
-    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU."""
-    if not tf.config.list_physical_devices("GPU"):
-        wanted = max(num_towers, 4)
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:
-            towers.simulate_devices(wanted)
-    return towers.list_devices(num=num_towers or None)
 
 
 def define_flags() -> types.SimpleNamespace:

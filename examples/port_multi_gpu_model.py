@@ -39,6 +39,11 @@ from absl import app, flags, logging  # noqa: E402
 
 import towers  # noqa: E402
 
+try:
+    from examples._common import choose_devices
+except ImportError:  # run as a script: examples/ itself is on sys.path
+    from _common import choose_devices
+
 CLASSES = 10
 
 
@@ -187,16 +192,6 @@ def train(
         "seconds": seconds,
         "best_weights": best,
     }
-
-
-def choose_devices(num_towers: int) -> list[str]:
-    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU."""
-    if not tf.config.list_physical_devices("GPU"):
-        wanted = max(num_towers, 4)
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:
-            towers.simulate_devices(wanted)
-    return towers.list_devices(num=num_towers or None)
 
 
 def define_flags() -> types.SimpleNamespace:

@@ -28,6 +28,11 @@ from absl import app, flags, logging  # noqa: E402
 
 import towers  # noqa: E402
 
+try:
+    from examples._common import choose_devices, glorot
+except ImportError:  # run as a script: examples/ itself is on sys.path
+    from _common import choose_devices, glorot
+
 _TOWERS = flags.DEFINE_integer("towers", 0, "Towers to build; 0 for every available device.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Global batch size, split over the towers.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Training steps.")
@@ -69,9 +74,9 @@ class ConvNet(tf.Module):
     def __init__(self, seed: int = 0, compute_dtype: tf.DType = tf.float32):
         super().__init__(name="convnet")
         self.compute_dtype = tf.as_dtype(compute_dtype)
-        self.conv1 = tf.Variable(_glorot([3, 3, 1, 16], seed, 1), name="conv1")
-        self.conv2 = tf.Variable(_glorot([3, 3, 16, 32], seed, 2), name="conv2")
-        self.dense = tf.Variable(_glorot([32, CLASSES], seed, 3), name="dense")
+        self.conv1 = tf.Variable(glorot([3, 3, 1, 16], seed, 1), name="conv1")
+        self.conv2 = tf.Variable(glorot([3, 3, 16, 32], seed, 2), name="conv2")
+        self.dense = tf.Variable(glorot([32, CLASSES], seed, 3), name="dense")
         self.bias = tf.Variable(tf.zeros([CLASSES]), name="bias")
 
     def __call__(self, images: tf.Tensor) -> tf.Tensor:
@@ -84,13 +89,6 @@ class ConvNet(tf.Module):
         x = tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME")
         x = tf.nn.relu(tf.nn.conv2d(x, conv2, strides=1, padding="SAME"))
         return tf.cast(tf.matmul(tf.reduce_mean(x, axis=[1, 2]), dense) + bias, tf.float32)
-
-
-def _glorot(shape: list[int], seed: int, index: int) -> tf.Tensor:
-    """Glorot-uniform values, deterministic in (seed, index)."""
-    receptive = int(np.prod(shape[:-2]))
-    limit = np.sqrt(6.0 / (receptive * (shape[-2] + shape[-1])))
-    return tf.random.stateless_uniform(shape, [seed, index], -limit, limit)
 
 
 def make_data(num_examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -225,20 +223,6 @@ def train(
         manager.close()  # another program may now write to the directory
     model = variables.replicas[0] if replicated else variables
     return {"losses": losses, "step_seconds": seconds[1:], "model": model, "manager": manager}
-
-
-def choose_devices(num_towers: int) -> list[str]:
-    """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU.
-
-    A process whose CPU is already split into enough logical devices is left as it is.
-    """
-    if not tf.config.list_physical_devices("GPU"):
-        wanted = max(num_towers, 4)
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:
-            towers.simulate_devices(wanted)
-    towers.init_workers()  # joins the cluster of TF_CONFIG (towers.launch); alone: nothing
-    return towers.list_devices(num=num_towers or None)
 
 
 def main(argv: list[str]) -> None:
