@@ -29,7 +29,6 @@ def all_reduce_gradients(
     wire_dtype: tf.DType | None = None,
     sparse: str = "gather",
     variables: Sequence[tf.Variable] | None = None,
-    total_weight: Weight | None = None,
 ) -> list[list[Gradient]]:
     """All-reduces tower gradients so that every tower holds their weighted mean.
 
@@ -40,8 +39,11 @@ def all_reduce_gradients(
     * Dense gradients are scaled by their tower's weight, packed into buckets of at most
       `bucket_bytes` (so the number of all-reduces grows with bytes, not variables), summed
       by `algorithm`, and unpacked.
+    * With an `algorithm` whose group reaches beyond `devices` (other workers' towers), the
+      weights are divided by the sum of every tower's weight, all-reduced.
     * `tf.IndexedSlices` are gathered from every tower (`sparse="gather"`), staying sparse, or
-      made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense.
+      made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense, and so do
+      slices when `algorithm`'s group reaches beyond `devices` (other workers').
     * float16/bfloat16 gradients are reduced in float32; `wire_dtype` instead sends float32
       values as float16/bfloat16 between devices (the plain-op algorithms still add in
       float32). Each tower's gradient is scaled by its weight before it is cast (partial
@@ -61,9 +63,6 @@ def all_reduce_gradients(
       wire_dtype: None, tf.float16 or tf.bfloat16.
       sparse: "gather" or "dense".
       variables: The N variables of tower 0, optional, to name them in errors.
-      total_weight: The sum of the weights of every tower of the reduction, when `algorithm`
-        spans more towers than these (other workers'): weights are divided by it, not by
-        their own sum. None: these towers are all.
 
     Returns:
       K lists of N gradients.
@@ -82,14 +81,17 @@ def all_reduce_gradients(
         )
     check_options(bucket_bytes, wire_dtype, sparse)
     algorithm = all_reduce_algorithm(algorithm)
-    norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total_weight)
+    beyond = algorithm.group_size(len(devices)) != len(devices)  # other workers' towers too
+    total = _total(weights, devices, algorithm) if beyond and weights is not None else None
+    norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total)
+    gather = sparse == "gather" and not beyond  # gathering reaches these devices only
     out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
     dense_columns = []
     for j, column in enumerate(zip(*tower_grads)):
         name = variables[j].name if variables is not None else f"#{j}"
         if not check_column(column, name):
             continue
-        if sparse == "gather" and all(isinstance(g, tf.IndexedSlices) for g in column):
+        if gather and all(isinstance(g, tf.IndexedSlices) for g in column):
             for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
                 out[i][j] = gathered
         else:
@@ -102,6 +104,19 @@ def all_reduce_gradients(
             for (j, _), value in zip(dense_columns, reduced[i]):
                 out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
     return out
+
+
+def _total(weights: Sequence[Weight], devices: list, algorithm: AllReduce) -> tf.Tensor:
+    """The sum of the weights of every tower of `algorithm`'s group, all-reduced.
+
+    When the group reaches beyond `devices`, this process's towers hold part of the batch:
+    dividing by their own sum would give workers x the mean.
+    """
+    local = []
+    for weight, device in zip(weights, devices):
+        with tf.device(device):
+            local.append(tf.cast(weight, tf.float32))
+    return algorithm(local, devices)[0]
 
 
 def check_options(bucket_bytes: int | None, wire_dtype: tf.DType | None, sparse: str) -> None:

@@ -156,11 +156,6 @@ class Replicated(VariableStrategy):
         Returns:
           K lists of N reduced gradients, list i on device i; all equal.
         """
-        total = None
-        workers = current_workers().num_workers
-        if workers > 1 and weights is not None:  # the global normaliser: every worker's sizes
-            sizes = [tf.cast(w, tf.float32) for w in weights]
-            total = self.algorithm(sizes, self.devices)[0]
         return ops.all_reduce_gradients(
             tower_grads,
             self.devices,
@@ -168,9 +163,8 @@ class Replicated(VariableStrategy):
             algorithm=self.algorithm,
             bucket_bytes=self.bucket_bytes,
             wire_dtype=self.wire_dtype,
-            sparse="dense" if workers > 1 else self.sparse,  # no gather across workers yet
+            sparse=self.sparse,
             variables=self.variables_of(0),
-            total_weight=total,
         )
 
     @tf.autograph.experimental.do_not_convert
