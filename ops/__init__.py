@@ -10,6 +10,7 @@ from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import ALGORITHMS, all_reduce_algorithm
 from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
@@ -26,6 +27,7 @@ __all__ = [
     "AllReduce",
     "AutoAllReduce",
     "CollectiveAllReduce",
+    "HierarchicalAllReduce",
     "NcclAllReduce",
     "PackSpec",
     "ReduceBroadcastAllReduce",

@@ -40,7 +40,9 @@ def all_reduce_gradients(
       `bucket_bytes` (so the number of all-reduces grows with bytes, not variables), summed
       by `algorithm`, and unpacked.
     * With an `algorithm` whose group reaches beyond `devices` (other workers' towers), the
-      weights are divided by the sum of every tower's weight, all-reduced.
+      weights are divided by the sum of every tower's weight: packed buckets carry it in
+      their sum (one element more, no extra all-reduce); without packing, or with
+      `wire_dtype`, it is all-reduced first. Without weights the mean is over the group.
     * `tf.IndexedSlices` are gathered from every tower (`sparse="gather"`), staying sparse, or
       made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense, and so do
       slices when `algorithm`'s group reaches beyond `devices` (other workers').
@@ -81,9 +83,18 @@ def all_reduce_gradients(
         )
     check_options(bucket_bytes, wire_dtype, sparse)
     algorithm = all_reduce_algorithm(algorithm)
-    beyond = algorithm.group_size(len(devices)) != len(devices)  # other workers' towers too
-    total = _total(weights, devices, algorithm) if beyond and weights is not None else None
-    norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total)
+    group = algorithm.group_size(len(devices))
+    beyond = group != len(devices)  # other workers' towers too
+    # Beyond these devices the weights' total is every worker's: packed buckets carry it in
+    # their sum (one element more), anything else all-reduces it first.
+    carry = beyond and weights is not None and bucket_bytes is not None and wire_dtype is None
+    if beyond and weights is None:
+        norm = [1.0 / group] * len(devices)
+    elif carry:  # the weights as they are (checked): the sum divides by their total
+        norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total=1.0)
+    else:
+        total = _total(weights, devices, algorithm) if beyond and weights is not None else None
+        norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total)
     gather = sparse == "gather" and not beyond  # gathering reaches these devices only
     out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
     dense_columns = []
@@ -98,7 +109,7 @@ def all_reduce_gradients(
             dense_columns.append((j, _dense(list(column), devices)))
     if dense_columns:
         reduced = _reduce_dense(
-            [c for _, c in dense_columns], devices, norm, algorithm, bucket_bytes, wire_dtype
+            [c for _, c in dense_columns], devices, norm, algorithm, bucket_bytes, wire_dtype, carry
         )
         for i in range(len(devices)):
             for (j, _), value in zip(dense_columns, reduced[i]):
@@ -164,15 +175,22 @@ def _reduce_dense(
     algorithm: AllReduce,
     bucket_bytes: int | None,
     wire_dtype,
+    carry: bool = False,
 ) -> list[list[tf.Tensor]]:
     """The weighted sum of N columns of K tensors, packed in buckets; returns K lists of N.
 
     Weights apply to whole buckets: before the sum when they differ or values travel in a
     narrower dtype (one multiply per tower and bucket; a scaled sum cannot overflow where the
-    mean does not), after it otherwise (one per device and bucket).
+    mean does not), after it otherwise (one per device and bucket). With `carry` the weights
+    are not normalized: a one packed after the gradients sums to the weights' total, which
+    every bucket is divided by (the last element of its bucket, since it is packed last).
     """
     k = len(devices)
     per_tower = [[column[i] for column in columns] for i in range(k)]
+    if carry:
+        for tensors, device in zip(per_tower, devices):
+            with tf.device(device):
+                tensors.append(tf.ones([1], tf.float32))
     spec = (
         pack_spec(per_tower[0], bucket_bytes)
         if bucket_bytes is not None
@@ -198,7 +216,10 @@ def _reduce_dense(
             buckets = [bucket[i] for bucket in summed]
             if equal:
                 buckets = [b * tf.cast(weights[0], b.dtype) for b in buckets]
-            out.append(unpack(buckets, spec))
+            if carry:
+                total = next(b for b, m in zip(buckets, spec.buckets) if len(columns) in m)[-1]
+                buckets = [b / tf.cast(total, b.dtype) for b in buckets]
+            out.append(unpack(buckets, spec)[: len(columns)])
     return out
 
 

@@ -86,6 +86,7 @@ OPS_NAMES = [
     "AllReduce",
     "AutoAllReduce",
     "CollectiveAllReduce",
+    "HierarchicalAllReduce",
     "MODES",
     "NcclAllReduce",
     "PackSpec",

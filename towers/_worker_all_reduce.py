@@ -3,7 +3,7 @@
 import zlib
 
 from towers._workers import current_workers
-from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.base import AllReduce, to_wire
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._all_reduce.collective import CollectiveAllReduce, outermost_graph
 from towers.ops._tensorflow import tf
@@ -11,6 +11,7 @@ from towers.ops._tensorflow import tf
 # Group keys of cross-worker reductions: the same on every worker (derived, not drawn), below
 # the ranges of towers.ops' CollectiveAllReduce and of cross_tower_sum.
 _GROUP_BASE = 2**18
+_LEADERS_BASE = 2**16  # offset of the groups of one device per worker (local_first)
 # Graph collection numbering this trace's cross-worker reductions (state of the graph).
 _CALLS = "towers.worker_all_reduce_calls"
 
@@ -27,15 +28,23 @@ class WorkersAllReduce(CollectiveAllReduce):
     good). Every worker must have the same number of towers. The reductions themselves are
     `CollectiveAllReduce`'s (ordering tokens, checks), with these keys.
 
+    Hierarchical (`local_first=True`): each worker first adds its towers' values on its first
+    device, the workers all-reduce those sums (one value per worker crosses the network), and
+    each worker copies the total to its other devices.
+
     Args:
-      timeout_seconds: How long a reduction may wait for the other workers (a dead worker is
-        usually reported sooner, by the heartbeats `init_workers` configures).
+      timeout_seconds: How long a reduction may wait for the other workers; None (the
+        default) for no timeout: a dead or frozen worker is reported by the heartbeats
+        `init_workers` configures, and a timeout costs about 2 ms per reduction on loopback
+        (TensorFlow 2.21). Set one to guard against workers that build different steps.
+      local_first: Whether to reduce within each worker first (see above).
     """
 
     name = "workers"
 
-    def __init__(self, timeout_seconds: float = 300.0):
+    def __init__(self, timeout_seconds: float | None = None, *, local_first: bool = True):
         super().__init__(timeout_seconds)
+        self.local_first = local_first
 
     def group_size(self, num_values: int) -> int:
         """Every worker's devices: `num_values` local ones times the number of workers."""
@@ -44,7 +53,28 @@ class WorkersAllReduce(CollectiveAllReduce):
     def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
         """Keys every worker derives alike; see the class docstring."""
         size = self.group_size(len(devices))
-        return size, _GROUP_BASE + size, _instance_key(value)
+        leaders = _LEADERS_BASE if self.local_first else 0  # another group of devices
+        return size, _GROUP_BASE + leaders + size, _instance_key(value)
+
+    def sum(
+        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
+    ) -> list[tf.Tensor]:
+        """Across workers, after a local sum when `local_first`; see `AllReduce.sum`."""
+        if not self.local_first:
+            return super().sum(values, devices, wire_dtype)
+        dtype = values[0].dtype
+        sent = []
+        for value, device in zip(values, devices):
+            with tf.device(device):
+                sent.append(to_wire(value, wire_dtype))
+        with tf.device(devices[0]):
+            local = to_wire(tf.add_n([tf.cast(v, dtype) for v in sent]), wire_dtype)
+        (total,) = super().sum([local], devices[:1], wire_dtype)
+        out = []
+        for device in devices:
+            with tf.device(device):
+                out.append(tf.cast(tf.identity(total), dtype))
+        return out
 
 
 def algorithm_for_workers(all_reduce: str | AllReduce) -> AllReduce:

@@ -3,6 +3,7 @@
 from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
@@ -12,6 +13,7 @@ _CLASSES = {
     for c in (
         AutoAllReduce,
         CollectiveAllReduce,
+        HierarchicalAllReduce,
         NcclAllReduce,
         ReduceBroadcastAllReduce,
         RingAllReduce,

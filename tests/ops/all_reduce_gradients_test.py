@@ -5,7 +5,7 @@ from absl.testing import parameterized
 from tests import test_util
 from towers import ops
 
-ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto")
+ALGORITHMS = ("reduce_broadcast", "ring", "collective", "hierarchical", "auto")
 
 
 class _Counting(ops.AllReduce):
@@ -21,6 +21,18 @@ class _Counting(ops.AllReduce):
         return self.inner(values, devices, wire_dtype=wire_dtype)
 
 
+class _TwinWorker(_Counting):
+    """A group of twice these devices: another worker, as if it had the same gradients."""
+
+    name = "twin_worker"
+
+    def group_size(self, num_values):
+        return 2 * num_values
+
+    def sum(self, values, devices, wire_dtype):
+        return [2.0 * v for v in super().sum(values, devices, wire_dtype)]
+
+
 def _tower_grads(model, full, k, devices):
     """Each tower's gradients of its shard's mean loss, built on its device."""
     grads = []
@@ -33,6 +45,41 @@ def _tower_grads(model, full, k, devices):
 
 
 class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(
+        (1024, None, True, 1),  # the weights' total rides in the packed sum
+        (None, None, True, 5),  # no packing: all-reduced first, then each of 4 gradients
+        (1024, tf.bfloat16, True, 2),  # nor through a narrow wire dtype
+        (1024, None, False, 1),  # no weights: the mean over the whole group
+    )
+    def test_a_group_beyond_these_devices_divides_by_its_total(self, bucket, wire, weigh, calls):
+        """A twin worker with the same gradients: the mean is ours, not twice it."""
+        model = test_util.Model()
+        full = test_util.batch(11 if weigh else 12)  # unweighted: equal shards, one mean
+        devices = test_util.devices(3)
+        expected, variables = test_util.reference_gradients(model, full)
+        twin = _TwinWorker(ops.ReduceBroadcastAllReduce())
+
+        @tf.function
+        def reduce(batch):
+            return ops.all_reduce_gradients(
+                _tower_grads(model, batch, 3, devices),
+                devices,
+                weights=ops.shard_sizes(batch, 3) if weigh else None,
+                algorithm=twin,
+                bucket_bytes=bucket,
+                wire_dtype=wire,
+            )
+
+        reduced = reduce(full)
+        self.assertEqual(twin.calls, calls)
+        tolerance = dict(rtol=2e-2, atol=2e-3) if wire else dict(rtol=1e-5, atol=1e-6)
+        for tower in reduced:
+            for got, want in zip(tower, expected):
+                if want is None:
+                    continue
+                self.assertNotIsInstance(got, tf.IndexedSlices)  # dense beyond these devices
+                test_util.assert_allclose(got, test_util.dense(want), **tolerance)
+
     @parameterized.product(algorithm=ALGORITHMS, k=[2, 3, 4, 8], bucket_bytes=[None, 1024])
     def test_equals_the_plain_mean_on_every_tower(self, algorithm, k, bucket_bytes):
         model = test_util.Model()

@@ -7,7 +7,14 @@ from absl.testing import parameterized
 from tests import test_util
 from towers import ops
 
-CPU_ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto", "add_everywhere")
+CPU_ALGORITHMS = (
+    "reduce_broadcast",
+    "ring",
+    "collective",
+    "hierarchical",
+    "auto",
+    "add_everywhere",
+)
 
 
 class AddEverywhere(ops.AllReduce):
@@ -88,7 +95,8 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(out[0], [1.0, 1.0])
 
     @parameterized.product(
-        algorithm=["reduce_broadcast", "ring", "add_everywhere"], wire=["float16", "bfloat16"]
+        algorithm=["reduce_broadcast", "ring", "hierarchical", "add_everywhere"],
+        wire=["float16", "bfloat16"],
     )
     def test_compressed_transfer_within_its_bound(self, algorithm, wire):
         """Each hop rounds to the wire dtype once: error <= K * u * sum(|x|), u its unit."""
@@ -140,6 +148,34 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.NcclAllReduce)
         self.assertIsInstance(auto.choose(tf.ones([4]), cpus), ops.ReduceBroadcastAllReduce)
         self.assertIsInstance(auto.choose(tf.ones([1024]), cpus), ops.RingAllReduce)
+
+    @parameterized.parameters((8, None, [4, 4]), (8, 3, [3, 3, 2]), (5, None, [3, 2]), (2, 4, [2]))
+    def test_hierarchical_reduces_within_groups_and_across_leaders(self, k, size, groups):
+        """Only group leaders exchange values between groups; other devices stay in theirs."""
+        algorithm = ops.HierarchicalAllReduce(size)
+        devices = test_util.devices(k)
+        self.assertEqual([len(g) for g in algorithm.groups(devices)], groups)
+        group_of = {d: i for i, g in enumerate(algorithm.groups(devices)) for d in g}
+        leaders = {g[0] for g in algorithm.groups(devices)}
+        graph, _ = _graph(algorithm, devices, tf.TensorSpec([6], tf.float32))
+        index = {d: i for i, d in enumerate(devices)}
+        crossings = set()
+        for op in graph.get_operations():
+            for tensor in op.inputs:
+                a, b = (index.get(test_util.local_device(o.device)) for o in (tensor.op, op))
+                if a is not None and b is not None and group_of[a] != group_of[b]:
+                    crossings.add((a, b))
+        self.assertTrue(all(a in leaders and b in leaders for a, b in crossings), crossings)
+        self.assertEqual(bool(crossings), len(groups) > 1)
+        values = [np.full([6], i + 1.0, np.float32) for i in range(k)]
+        for result in _run(algorithm, values, devices)[0]:
+            self.assertAllEqual(result, np.full([6], k * (k + 1) / 2))
+
+    def test_hierarchical_across_collective(self):
+        algorithm = ops.HierarchicalAllReduce(2, across="collective")
+        values = [np.full([3], i, np.float32) for i in range(6)]
+        for result in _run(algorithm, values, test_util.devices(6))[0]:
+            self.assertAllEqual(result, [15.0, 15.0, 15.0])
 
     def test_collective_needs_tf_function(self):
         message = "'collective' all-reduce must be built inside tf.function"
@@ -257,11 +293,18 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             algorithm([tf.ones([2])] * 2, devices, reduction="max")
         with self.assertRaisesRegex(ValueError, "`wire_dtype` must be None, tf.float16"):
             algorithm([tf.ones([2])] * 2, devices, wire_dtype=tf.int8)
-        with self.assertRaisesRegex(ValueError, r"one of \('auto'.*got 'hierarchical'"):
-            ops.all_reduce_algorithm("hierarchical")
+        with self.assertRaisesRegex(ValueError, r"one of \('auto'.*got 'tree'"):
+            ops.all_reduce_algorithm("tree")
+        for size in (0, -1, 1.5, True):
+            with self.assertRaisesRegex(ValueError, "`devices_per_group` must be a positive"):
+                ops.HierarchicalAllReduce(size)
+        with self.assertRaisesRegex(ValueError, r"`algorithm` must be one of .*got 'tree'"):
+            ops.HierarchicalAllReduce(across="tree")
         with self.assertRaisesRegex(TypeError, "a name from .* or an ops.AllReduce; got int"):
             ops.all_reduce_algorithm(3)
-        with self.assertRaisesRegex(ValueError, "`timeout_seconds` must be positive; got 0"):
+        with self.assertRaisesRegex(
+            ValueError, "`timeout_seconds` must be positive or None; got 0"
+        ):
             ops.CollectiveAllReduce(timeout_seconds=0)
         for key in (-1, 0, 2**31, True, 1.5):
             with self.assertRaisesRegex(

@@ -10,7 +10,7 @@ from tests import test_util
 from towers import ops
 
 STEPS = 8
-ALGORITHMS = ("reduce_broadcast", "ring", "collective", "auto")
+ALGORITHMS = ("reduce_broadcast", "ring", "collective", "hierarchical", "auto")
 
 
 def _build(seed=0):

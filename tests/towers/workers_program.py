@@ -49,7 +49,9 @@ def step_sizes(mode, sizes, i):
 
 def main(mode, out, sizes):
     devices = towers.list_devices()
-    replicas = towers.Replicated(_build, devices)
+    local_first = os.environ.get("WORKER_LOCAL_FIRST", "1") == "1"  # hierarchical or flat
+    all_reduce = towers.WorkersAllReduce(local_first=local_first)
+    replicas = towers.Replicated(_build, devices, all_reduce=all_reduce)
     optimizer = towers.SGD(0.1, momentum=0.9)
 
     @tf.function

@@ -30,7 +30,7 @@ def _ports(n):
     return ports
 
 
-def _start_workers(n, *args, devices=2):
+def _start_workers(n, *args, devices=2, local_first=True):
     """Starts `n` workers of `workers_program` with their TF_CONFIG; returns the processes."""
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
@@ -38,6 +38,7 @@ def _start_workers(n, *args, devices=2):
         config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}
         env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": ROOT}
         env["WORKER_DEVICES"] = str(devices)
+        env["WORKER_LOCAL_FIRST"] = str(int(local_first))
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.towers.workers_program", *args],
@@ -80,10 +81,14 @@ def workers_program_sizes(mode, sizes, i):
 
 
 class TrainTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters(([6, 6],), ([5, 8],), ([4, 3, 6],))
-    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes):
+    @parameterized.parameters(([6, 6], True), ([5, 8], False), ([4, 3, 6], True))  # local_first
+    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes, local_first):
+        """Hierarchical (each worker sums its towers first) or flat (one group of all)."""
         path = os.path.join(self.get_temp_dir(), "weights.npz")
-        results = _wait(_start_workers(len(sizes), "train", path, ",".join(map(str, sizes))))
+        sizes_arg = ",".join(map(str, sizes))
+        results = _wait(
+            _start_workers(len(sizes), "train", path, sizes_arg, local_first=local_first)
+        )
         for code, output in results:
             self.assertEqual(code, 0, output[-3000:])
         saved = towers.read_weights(path)

@@ -9,9 +9,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from towers.bench import _memory, _tables, _worker  # noqa: E402
+from towers.bench import _cluster, _memory, _tables, _worker  # noqa: E402
 
-_SUITE = flags.DEFINE_enum("suite", "step", ["step", "weights", "memory"], "What to measure.")
+_SUITE = flags.DEFINE_enum(
+    "suite", "step", ["step", "weights", "memory", "workers"], "What to measure."
+)
 _MODELS = flags.DEFINE_list("models", ["mlp", "cnn", "many_small"], "Models (step suite).")
 _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
 _BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
@@ -31,6 +33,12 @@ _WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker w
 _WEIGHTS_MB = flags.DEFINE_integer("weights_mb", 100, "Size of the weights (weights suite).")
 _NUM_VARIABLES = flags.DEFINE_integer("num_variables", 20, "Variables the weights are split in.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per weights measurement; the median.")
+_WORKERS = flags.DEFINE_integer("workers", 2, "Worker processes (workers suite).")
+_PER_WORKER = flags.DEFINE_list("per_worker", ["1", "2"], "Devices per worker (workers suite).")
+_SIZES_KB = flags.DEFINE_list(
+    "sizes_kb", ["4", "4096", "32768"], "All-reduce sizes in KB (workers suite)."
+)
+_ROLE = flags.DEFINE_string("cluster_role", "", "Internal: run as a worker, 'peer:devices'.")
 
 
 def step_suite_rows(models: list[str], device_counts: list[int], argv_flags: list[str]) -> list:
@@ -50,6 +58,25 @@ def main(argv: list[str]) -> None:
     del argv
     if _SUITE.value == "weights":
         print(_tables.weights_report(_WEIGHTS_MB.value, _NUM_VARIABLES.value, _REPEATS.value))
+        return
+    if _SUITE.value == "workers":
+        sizes = [int(kb) for kb in _SIZES_KB.value]
+        if _ROLE.value:
+            rows = _cluster.run_cluster_worker(
+                _ROLE.value, _MODELS.value, _BATCH.value, _STEPS.value, _WARMUP.value, sizes
+            )
+            for row in rows:
+                print(json.dumps(row), flush=True)
+            return
+        passed = [
+            f"--models={','.join(_MODELS.value)}",
+            f"--batch_size={_BATCH.value}",
+            f"--steps={_STEPS.value}",
+            f"--warmup={_WARMUP.value}",
+            f"--sizes_kb={','.join(_SIZES_KB.value)}",
+        ]
+        per_worker = [int(d) for d in _PER_WORKER.value]
+        print(_cluster.workers_table(_cluster.cluster_rows(_WORKERS.value, per_worker, passed)))
         return
     if _SUITE.value == "memory":
         towers_, batch = int(_TOWERS.value[0]), _BATCH.value or 8192

@@ -1,0 +1,81 @@
+"""Hierarchical all-reduce: sum within groups of devices, all-reduce across their leaders."""
+
+from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._tensorflow import tf
+
+
+class HierarchicalAllReduce(AllReduce):
+    """Sums within groups of devices, all-reduces the group sums, copies them back.
+
+    For machines whose devices form groups with fast links inside and slower ones between
+    (GPUs behind two PCIe switches, or NVLink quads): devices `[0, g)`, `[g, 2g)`, ... form
+    groups of `devices_per_group` = g. Each group's first device (its leader) adds the group's
+    values; the leaders all-reduce those sums with `across`; each leader copies the total to
+    its group. Only one value per group crosses between groups, twice.
+
+    Results are bitwise equal on every device: each group's total is a copy of its leader's,
+    and `across` gives every leader the same sum.
+
+    Args:
+      devices_per_group: Devices per group; None for two groups (the first half of the
+        devices, and the rest), as on machines of two switches or sockets.
+      across: The all-reduce among the group leaders: a name from `ops.ALGORITHMS` or an
+        `ops.AllReduce` (default a ring).
+
+    Raises:
+      ValueError: if `devices_per_group` is not a positive int.
+    """
+
+    name = "hierarchical"
+
+    def __init__(self, devices_per_group: int | None = None, across: str | AllReduce = "ring"):
+        if devices_per_group is not None and (
+            isinstance(devices_per_group, bool)
+            or not isinstance(devices_per_group, int)
+            or devices_per_group < 1
+        ):
+            raise ValueError(
+                f"`devices_per_group` must be a positive int or None; got {devices_per_group!r}."
+            )
+        from towers.ops._all_reduce.by_name import all_reduce_algorithm  # noqa: PLC0415 (cycle)
+
+        self.devices_per_group = devices_per_group
+        self.across = all_reduce_algorithm(across)
+
+    def groups(self, devices: list[str]) -> list[list[int]]:
+        """The groups of device indices this instance reduces `devices` in.
+
+        Args:
+          devices: The devices of one all-reduce, in order.
+
+        Returns:
+          Lists of indices into `devices`; the first index of each is the group's leader.
+        """
+        size = self.devices_per_group or max(1, -(-len(devices) // 2))
+        return [list(range(i, min(i + size, len(devices)))) for i in range(0, len(devices), size)]
+
+    def sum(
+        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
+    ) -> list[tf.Tensor]:
+        """Group sums on the leaders, `across` among them, copies back; see `AllReduce.sum`."""
+        dtype = values[0].dtype
+        groups = self.groups(devices)
+        partial = []
+        for group in groups:
+            sent = []
+            for i in group:
+                with tf.device(devices[i]):
+                    sent.append(to_wire(values[i], wire_dtype))
+            with tf.device(devices[group[0]]):
+                partial.append(tf.add_n([tf.cast(v, dtype) for v in sent]))
+        leaders = [devices[group[0]] for group in groups]
+        if len(groups) > 1:
+            partial = self.across(partial, leaders, wire_dtype=wire_dtype)
+        out = [None] * len(devices)
+        for group, total in zip(groups, partial):
+            with tf.device(devices[group[0]]):
+                sent = to_wire(total, wire_dtype)
+            for i in group:
+                with tf.device(devices[i]):
+                    out[i] = tf.cast(tf.identity(sent), dtype)
+        return out
