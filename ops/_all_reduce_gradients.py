@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 from towers.ops._all_reduce.base import WIRE_DTYPES, AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
+from towers.ops._all_reduce.collective import collective_order
 from towers.ops._packing import PackSpec, pack, pack_spec, unpack
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
@@ -82,39 +83,58 @@ def all_reduce_gradients(
             f"{len(tower_grads)} towers."
         )
     check_options(bucket_bytes, wire_dtype, sparse)
-    algorithm = all_reduce_algorithm(algorithm)
+    with collective_order():  # in a v1 graph, this step's collectives chain among themselves
+        algorithm = all_reduce_algorithm(algorithm)
+        beyond = algorithm.group_size(len(devices)) != len(devices)  # other workers' too
+        norm, carry = _weights_of(weights, devices, algorithm, bucket_bytes, wire_dtype)
+        gather = sparse == "gather" and not beyond  # gathering reaches these devices only
+        out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
+        dense_columns = []
+        for j, column in enumerate(zip(*tower_grads)):
+            name = variables[j].name if variables is not None else f"#{j}"
+            if not check_column(column, name):
+                continue
+            if gather and all(isinstance(g, tf.IndexedSlices) for g in column):
+                for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
+                    out[i][j] = gathered
+            else:
+                dense_columns.append((j, _dense(list(column), devices)))
+        if dense_columns:
+            reduced = _reduce_dense(
+                [c for _, c in dense_columns],
+                devices,
+                norm,
+                algorithm,
+                bucket_bytes,
+                wire_dtype,
+                carry,
+            )
+            for i in range(len(devices)):
+                for (j, _), value in zip(dense_columns, reduced[i]):
+                    out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
+        return out
+
+
+def _weights_of(
+    weights: Sequence[Weight] | None,
+    devices: list,
+    algorithm: AllReduce,
+    bucket_bytes: int | None,
+    wire_dtype: tf.DType | None,
+) -> tuple[list[Weight], bool]:
+    """(each tower's weight, whether the packed sum carries the weights' total).
+
+    Beyond these devices the weights' total is every worker's: packed buckets carry it in
+    their sum (one element more, the weights left as they are), anything else all-reduces it
+    first. Without weights, the mean is over the whole group.
+    """
     group = algorithm.group_size(len(devices))
-    beyond = group != len(devices)  # other workers' towers too
-    # Beyond these devices the weights' total is every worker's: packed buckets carry it in
-    # their sum (one element more), anything else all-reduces it first.
-    carry = beyond and weights is not None and bucket_bytes is not None and wire_dtype is None
-    if beyond and weights is None:
-        norm = [1.0 / group] * len(devices)
-    elif carry:  # the weights as they are (checked): the sum divides by their total
-        norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total=1.0)
-    else:
-        total = _total(weights, devices, algorithm) if beyond and weights is not None else None
-        norm = normalized_weights(weights, len(devices), "all_reduce_gradients", total)
-    gather = sparse == "gather" and not beyond  # gathering reaches these devices only
-    out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
-    dense_columns = []
-    for j, column in enumerate(zip(*tower_grads)):
-        name = variables[j].name if variables is not None else f"#{j}"
-        if not check_column(column, name):
-            continue
-        if gather and all(isinstance(g, tf.IndexedSlices) for g in column):
-            for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
-                out[i][j] = gathered
-        else:
-            dense_columns.append((j, _dense(list(column), devices)))
-    if dense_columns:
-        reduced = _reduce_dense(
-            [c for _, c in dense_columns], devices, norm, algorithm, bucket_bytes, wire_dtype, carry
-        )
-        for i in range(len(devices)):
-            for (j, _), value in zip(dense_columns, reduced[i]):
-                out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
-    return out
+    if group == len(devices) or weights is None:
+        return normalized_weights(weights, group, "all_reduce_gradients")[: len(devices)], False
+    if bucket_bytes is not None and wire_dtype is None:
+        return normalized_weights(weights, len(devices), "all_reduce_gradients", 1.0), True
+    total = _total(weights, devices, algorithm)
+    return normalized_weights(weights, len(devices), "all_reduce_gradients", total), False
 
 
 def _total(weights: Sequence[Weight], devices: list, algorithm: AllReduce) -> tf.Tensor:

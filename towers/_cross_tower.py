@@ -114,17 +114,19 @@ def _all_reduce(value: tf.Tensor, tower: TowerContext, group: int, instance: int
         # automatic ordering, so each waits for the tower's previous one (of this build only:
         # another step of the same graph must not depend on this one).
         token = [ordering_token(tower.device)] if in_function else []
-        with tf.control_dependencies([] if in_function else tower.v1_collectives[-1:]):
-            summed = tf.raw_ops.CollectiveReduceV2(
-                input=value,
-                group_size=tower.num_towers,
-                group_key=group,
-                instance_key=instance,
-                ordering_token=token,
-                merge_op="Add",
-                final_op="Id",
-                timeout_seconds=_TIMEOUT_SECONDS,
-            )
+        if not in_function and tower.v1_collectives:  # on the input: TensorFlow 2.21 drops
+            with tf.control_dependencies(tower.v1_collectives[-1:]):  # a collective's own
+                value = tf.identity(value)
+        summed = tf.raw_ops.CollectiveReduceV2(
+            input=value,
+            group_size=tower.num_towers,
+            group_key=group,
+            instance_key=instance,
+            ordering_token=token,
+            merge_op="Add",
+            final_op="Id",
+            timeout_seconds=_TIMEOUT_SECONDS,
+        )
         if not in_function:
             tower.v1_collectives.append(summed.op)
     return summed

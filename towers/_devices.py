@@ -3,7 +3,7 @@
 from collections.abc import Iterable
 from typing import Any
 
-from towers._workers import local_devices
+from towers._workers import current_workers, local_devices
 from towers.ops._tensorflow import tf
 
 KINDS = ("CPU", "GPU")
@@ -187,7 +187,9 @@ def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
 
     A v1 `Session` takes its CPU devices from `device_count`, not from `tf.config`. Pass this
     config to every session that runs tower graphs so `/cpu:1`... exist there too. Soft placement
-    stays off: an op pinned to a missing device is an error, not a silent move.
+    stays off: an op pinned to a missing device is an error, not a silent move. After
+    `init_workers`, the session sees this worker's devices only; open it on the worker's
+    server: `tf.compat.v1.Session(worker.target, config=towers.session_config())`.
 
     Args:
       num_cpus: CPU devices the session should have; None for as many as `tf.config` has
@@ -202,7 +204,11 @@ def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
       ...     sess.run(train_op)
     """
     if num_cpus is None:
-        num_cpus = len(tf.config.list_logical_devices("CPU"))
+        num_cpus = len(local_devices(tf.config.list_logical_devices("CPU")))
     if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1:
         raise ValueError(f"`num_cpus` must be a positive int or None; got {num_cpus!r}.")
-    return tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus}, allow_soft_placement=False)
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus}, allow_soft_placement=False)
+    info = current_workers()
+    if info.num_workers > 1:  # the session (on `info.target`) sees this worker's devices only
+        config.device_filters.append(f"/job:{info.job}/task:{info.index}")
+    return config

@@ -23,7 +23,8 @@ class Replicated(VariableStrategy):
 
     The one way to write a model for this strategy: give a function that builds the model
     with its variables (call it on a sample if it creates them lazily); `Replicated` calls it
-    once per device, under `tf.device`, and copies the first replica's values to the others.
+    once per device, under `tf.device`, and copies the first replica's values to the others
+    (in a v1 graph: run `broadcast()`'s op after the initializer).
     Tower code takes its own copy with `local()`:
 
         replicas = towers.Replicated(lambda: build_model(), devices)
@@ -87,7 +88,8 @@ class Replicated(VariableStrategy):
             check_new_replica(replica, self.replicas)
             self.replicas.append(replica)
         check_same_structure(self.replicas)
-        self.broadcast()
+        if tf.compat.v1.executing_eagerly_outside_functions():  # not in a v1 graph, whose
+            self.broadcast()  # variables get values only in a session
 
     @tf.autograph.experimental.do_not_convert
     def local(self) -> tf.Module:
@@ -129,19 +131,24 @@ class Replicated(VariableStrategy):
         names = names_of(self.replicas[0])
         return {name: tuple(v[j] for v in per_replica) for j, name in enumerate(names)}
 
-    def broadcast(self) -> None:
-        """Copies the first replica's values to the others (eagerly).
+    def broadcast(self) -> tf.Operation | None:
+        """Copies the first replica's values to the others: now, or the op in a v1 graph.
 
         Across workers (`towers.init_workers`), worker 0's first replica's values go to every
-        replica of every worker.
+        replica of every worker. The constructor calls it eagerly; in a v1 graph, run the op
+        it returns once the variables are initialized (every worker, at the same point):
+
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(broadcast_op)  # broadcast_op = replicas.broadcast(), built before
+
+        Returns:
+          None eagerly; in a v1 graph, the op that copies.
         """
-        for copies in self.variable_copies().values():
-            for copy in copies[1:]:
-                copy.assign(copies[0])
+        groups = list(self.variable_copies().values())
         if current_workers().num_workers > 1:
-            broadcast_from_chief(
-                self.algorithm, self.devices, list(self.variable_copies().values())
-            )
+            return broadcast_from_chief(self.algorithm, self.devices, groups)
+        assigned = [copy.assign(copies[0]) for copies in groups for copy in copies[1:]]
+        return None if tf.compat.v1.executing_eagerly_outside_functions() else tf.group(assigned)
 
     @tf.autograph.experimental.do_not_convert
     def all_reduce(

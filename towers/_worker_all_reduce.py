@@ -5,12 +5,18 @@ import zlib
 from towers._workers import current_workers
 from towers.ops._all_reduce.base import AllReduce, to_wire
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
-from towers.ops._all_reduce.collective import CollectiveAllReduce, outermost_graph
+from towers.ops._all_reduce.collective import (
+    CollectiveAllReduce,
+    collective_order,
+    outermost_graph,
+)
 from towers.ops._tensorflow import tf
 
 # Group keys of cross-worker reductions: the same on every worker (derived, not drawn), below
 # the ranges of towers.ops' CollectiveAllReduce and of cross_tower_sum.
 _GROUP_BASE = 2**18
+# The default timeout of reductions in v1 graphs (see WorkersAllReduce), in seconds.
+V1_TIMEOUT_SECONDS = 300.0
 _LEADERS_BASE = 2**16  # offset of the groups of one device per worker (local_first)
 # Graph collection numbering this trace's cross-worker reductions (state of the graph).
 _CALLS = "towers.worker_all_reduce_calls"
@@ -33,10 +39,12 @@ class WorkersAllReduce(CollectiveAllReduce):
     each worker copies the total to its other devices.
 
     Args:
-      timeout_seconds: How long a reduction may wait for the other workers; None (the
-        default) for no timeout: a dead or frozen worker is reported by the heartbeats
-        `init_workers` configures, and a timeout costs about 2 ms per reduction on loopback
-        (TensorFlow 2.21). Set one to guard against workers that build different steps.
+      timeout_seconds: How long a reduction may wait for the other workers. None (the
+        default): no timeout inside `tf.function`, where the heartbeats `init_workers`
+        configures report a dead or frozen worker and a timeout would cost about 2 ms per
+        reduction on loopback (TensorFlow 2.21); in a v1 graph, whose waiting collectives do
+        not hear the heartbeats, `V1_TIMEOUT_SECONDS`. Set one to bound both, or to guard
+        against workers that build different steps.
       local_first: Whether to reduce within each worker first (see above).
     """
 
@@ -45,6 +53,12 @@ class WorkersAllReduce(CollectiveAllReduce):
     def __init__(self, timeout_seconds: float | None = None, *, local_first: bool = True):
         super().__init__(timeout_seconds)
         self.local_first = local_first
+
+    def timeout(self) -> float:
+        """`timeout_seconds`; when None, 0 (none) in `tf.function`, else `V1_TIMEOUT_SECONDS`."""
+        if self.timeout_seconds is not None:
+            return self.timeout_seconds
+        return 0.0 if tf.compat.v1.executing_eagerly_outside_functions() else V1_TIMEOUT_SECONDS
 
     def group_size(self, num_values: int) -> int:
         """Every worker's devices: `num_values` local ones times the number of workers."""
@@ -95,13 +109,27 @@ def algorithm_for_workers(all_reduce: str | AllReduce) -> AllReduce:
     )
 
 
-@tf.function
-def broadcast_from_chief(algorithm: AllReduce, devices: list, groups: list) -> None:
+def broadcast_from_chief(algorithm: AllReduce, devices: list, groups: list) -> tf.Operation | None:
     """Every copy of every variable takes worker 0's first copy's value.
 
-    A sum over every worker's devices of that value and zeros.
+    A sum over every worker's devices of that value and zeros: run now (eagerly), or the op
+    that does it (in a v1 graph).
     """
-    chief = current_workers().is_chief
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        _broadcast_now(algorithm, devices, groups)
+        return None
+    with collective_order():
+        return tf.group(_assign_chiefs(algorithm, devices, groups))
+
+
+@tf.function
+def _broadcast_now(algorithm: AllReduce, devices: list, groups: list) -> None:
+    _assign_chiefs(algorithm, devices, groups)
+
+
+def _assign_chiefs(algorithm: AllReduce, devices: list, groups: list) -> list:
+    """The assignments of worker 0's first copies to every copy."""
+    chief, assigned = current_workers().is_chief, []
     for copies in groups:
         values = []
         for i, (copy, device) in enumerate(zip(copies, devices)):
@@ -109,7 +137,8 @@ def broadcast_from_chief(algorithm: AllReduce, devices: list, groups: list) -> N
                 mine = copy.read_value()
                 values.append(mine if chief and i == 0 else tf.zeros_like(mine))
         for copy, value in zip(copies, algorithm(values, devices)):
-            copy.assign(value)
+            assigned.append(copy.assign(value))
+    return assigned
 
 
 def _instance_key(value: tf.Tensor) -> int:

@@ -26,11 +26,15 @@ class WorkerInfo:
       index: This worker's index, 0 to `num_workers - 1`.
       num_workers: How many workers the cluster has.
       job: The job name of the workers ("worker"), or "localhost" alone.
+      target: Where this worker's v1 sessions connect: `tf.compat.v1.Session(info.target,
+        config=towers.session_config())` runs v1 graphs whose collectives span the workers
+        ("grpc://host:port", this worker's own server); "" alone (an in-process session).
     """
 
     index: int = 0
     num_workers: int = 1
     job: str = "localhost"
+    target: str = ""
 
     @property
     def is_chief(self) -> bool:
@@ -91,7 +95,7 @@ def init_workers(
     cluster, job, index = _read_tf_config(os.environ.get("TF_CONFIG"))
     if cluster is None:
         return current_workers()
-    info = WorkerInfo(index, len(cluster[job]), job)
+    info = WorkerInfo(index, len(cluster[job]), job, f"grpc://{cluster[job][index]}")
     if _joined:
         if _joined[0] == info:
             return info

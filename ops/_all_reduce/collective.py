@@ -1,7 +1,9 @@
 """TensorFlow's collective all-reduce (`CollectiveReduceV2`), ordered per device."""
 
+import contextlib
 import itertools
 import random
+from collections.abc import Iterator
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
 from towers.ops._tensorflow import tf
@@ -10,6 +12,8 @@ from towers.ops._tensorflow import tf
 _GROUP_KEYS = range(2**20, 2**31)
 # Where a graph keeps its ordering tokens (a graph collection: state of the graph being built).
 _TOKENS = "towers.ops.collective_ordering_tokens"
+# Where a v1 graph keeps its chains of collectives per device (see `collective_order`).
+_CHAINS = "towers.ops.collective_v1_chains"
 
 
 class CollectiveAllReduce(AllReduce):
@@ -21,9 +25,11 @@ class CollectiveAllReduce(AllReduce):
     resource handle kept by the function graph being built, one per device, shared by every
     instance that builds collectives in that function, so `tf.function`'s automatic control
     dependencies chain all of a device's collectives; no variable is created, and an
-    instance may be made inside a function. Build it inside `tf.function`: eagerly each op
-    would wait alone for its peers, and a v1 graph has no automatic ordering. With
-    `wire_dtype` the sum itself runs in that dtype.
+    instance may be made inside a function. In a v1 graph, which has no automatic ordering,
+    each collective waits (a control dependency) for the previous one on its device built
+    in the same `collective_order()` block (`all_reduce_gradients` opens one per call), or
+    in the whole graph outside such blocks. Eagerly it is refused: each op would wait alone
+    for its peers. With `wire_dtype` the sum itself runs in that dtype.
 
     Every instance owns its keys: its group keys (one per device set) and its instance keys
     (one per all-reduce it builds); two models in one process never mix their collectives.
@@ -109,14 +115,13 @@ class CollectiveAllReduce(AllReduce):
         """One `CollectiveReduceV2` per device; see `AllReduce.sum`.
 
         Raises:
-          ValueError: outside `tf.function` (eagerly, or in a v1 graph, which cannot order
-            collectives), or if a device repeats.
+          ValueError: eagerly, or if a device repeats.
         """
-        if tf.executing_eagerly() or not tf.compat.v1.executing_eagerly_outside_functions():
+        if tf.executing_eagerly():
             raise ValueError(
-                f"The {self.name!r} all-reduce must be built inside tf.function: wrap the step "
-                "in @tf.function (eagerly each collective would wait alone for its peers). In "
-                "a v1 graph use 'ring' or 'reduce_broadcast'."
+                f"The {self.name!r} all-reduce must be built inside tf.function (or a v1 "
+                "graph): wrap the step in @tf.function; eagerly each collective would wait "
+                "alone for its peers."
             )
         if len(set(devices)) != len(devices):
             raise ValueError(
@@ -124,21 +129,67 @@ class CollectiveAllReduce(AllReduce):
                 f"{devices}. Reduce values of one device first, or use 'ring'."
             )
         size, group, instance = self.keys(values[0], devices)
+        in_function = tf.compat.v1.executing_eagerly_outside_functions()
+        chain = None if in_function else _v1_chain()
         out = []
         for value, device in zip(values, devices):
+            previous = [] if chain is None or device not in chain else [chain[device]]
             with tf.device(device):
+                sent = to_wire(value, wire_dtype)
+                if previous:  # the order rides on the input: TensorFlow 2.21 drops control
+                    with tf.control_dependencies(previous):  # inputs of a collective op
+                        sent = tf.identity(sent)
                 summed = tf.raw_ops.CollectiveReduceV2(
-                    input=to_wire(value, wire_dtype),
+                    input=sent,
                     group_size=size,
                     group_key=group,
                     instance_key=instance,
-                    ordering_token=[ordering_token(device)],
+                    ordering_token=[ordering_token(device)] if in_function else [],
                     merge_op="Add",
                     final_op="Id",
-                    timeout_seconds=self.timeout_seconds or 0,  # 0: no timeout
+                    timeout_seconds=self.timeout(),
                 )
                 out.append(tf.cast(summed, value.dtype))
+            if chain is not None:
+                chain[device] = summed.op
         return out
+
+    def timeout(self) -> float:
+        """The timeout of the collectives being built, in seconds; 0 for none.
+
+        Returns:
+          `timeout_seconds`, or 0 when it is None.
+        """
+        return self.timeout_seconds or 0.0
+
+
+@contextlib.contextmanager
+def collective_order() -> Iterator[None]:
+    """In a v1 graph, chains the collectives built inside, per device, in build order.
+
+    A unit that is run on its own (one step's all-reduces, a broadcast of initial values)
+    builds its collectives in one block, so that no other unit's collectives become its
+    control inputs. Inside `tf.function`, tokens order collectives and this does nothing.
+
+    Yields:
+      Nothing.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    stack = graph.get_collection_ref(_CHAINS)
+    stack.append({})
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _v1_chain() -> dict:
+    """Device -> last collective of the innermost `collective_order` block, or the graph's."""
+    graph = tf.compat.v1.get_default_graph()
+    stack = graph.get_collection_ref(_CHAINS)
+    if not stack:
+        stack.append({})  # the graph-wide chain, under any block
+    return stack[-1]
 
 
 def ordering_token(device: str) -> tf.Tensor:

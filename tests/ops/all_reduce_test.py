@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+import towers
 from tests import test_util
 from towers import ops
 
@@ -177,12 +178,8 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         for result in _run(algorithm, values, test_util.devices(6))[0]:
             self.assertAllEqual(result, [15.0, 15.0, 15.0])
 
-    def test_collective_needs_tf_function(self):
-        message = "'collective' all-reduce must be built inside tf.function"
-        with tf.Graph().as_default():
-            values = [tf.ones([2]) for _ in range(2)]
-            with self.assertRaisesRegex(ValueError, message):
-                ops.CollectiveAllReduce()(values, test_util.devices(2))
+    def test_collective_is_refused_eagerly(self):
+        message = r"'collective' all-reduce must be built inside tf.function \(or a v1 graph\)"
         with self.assertRaisesRegex(ValueError, message):  # eagerly: refused, not a hang
             ops.CollectiveAllReduce()([tf.ones([2])] * 2, test_util.devices(2))
 
@@ -246,6 +243,30 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         collectives = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
         instance_keys = [int(tf.get_static_value(op.inputs[3])) for op in collectives]
         self.assertEqual(sorted(instance_keys), [1, 1, 2, 2, 3, 3])
+
+    def test_collectives_in_a_v1_graph_chain_within_their_block(self):
+        """Each `collective_order` block is a unit run alone: no wait on another block."""
+        from towers.ops._all_reduce.collective import collective_order  # noqa: PLC0415
+
+        devices = test_util.devices(2)
+        with tf.Graph().as_default() as graph:
+            algorithm = ops.CollectiveAllReduce()
+            values = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    values.append(tf.constant([float(i + 1)]))
+            with collective_order():  # every device's results are fetched: a session runs
+                first = [algorithm(values, devices) for _ in range(2)]  # only what is needed
+            with collective_order():
+                second = [algorithm(values, devices) for _ in range(2)]
+            with tf.compat.v1.Session(config=towers.session_config()) as sess:
+                self.assertAllEqual(sess.run(first), [[[3.0]] * 2] * 2)  # a unit run alone
+                self.assertAllEqual(sess.run(second), [[[3.0]] * 2] * 2)
+        found = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+        waits = [[c.name for c in op.inputs[0].op.control_inputs] for op in found]
+        # Built per call: device 0's, then device 1's; the second of each block waits.
+        names = [op.name for op in found]
+        self.assertEqual(waits, [[], [], names[0:1], names[1:2], [], [], names[4:5], names[5:6]])
 
     def test_names_give_new_instances_with_their_own_keys(self):
         first, second = (ops.all_reduce_algorithm("collective") for _ in range(2))

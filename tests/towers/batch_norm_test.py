@@ -180,6 +180,15 @@ class SyncTest(tf.test.TestCase, parameterized.TestCase):
                 got_loss = sess.run(loss)
                 named = towers.named_variables(model)
                 values = dict(zip(named, sess.run(list(named.values()))))
+            collectives = [
+                op
+                for op in tf.compat.v1.get_default_graph().get_operations()
+                if op.type == "CollectiveReduceV2" and op.device.endswith("CPU:1")
+            ]
+        # Tower 1's exchanges (forward, then backward) each wait for the one before.
+        self.assertGreaterEqual(len(collectives), 2)
+        for before, after in zip(collectives, collectives[1:]):
+            self.assertEqual(after.inputs[0].op.control_inputs, [before])
         test_util.assert_allclose(got_loss, want_loss, rtol=1e-5)
         for name, var in reference.named().items():
             test_util.assert_allclose(values[name], var, rtol=1e-5, atol=1e-6)

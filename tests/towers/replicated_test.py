@@ -73,6 +73,48 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         for got, want in zip(replicas.replicas[-1].variables, self.reference.variables):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
+    @parameterized.parameters("ring", "collective", "hierarchical")
+    def test_a_v1_graph_and_session(self, algorithm):
+        """Copies built with other values take the first's from the broadcast op."""
+        devices = test_util.devices(3)
+        seeds = iter(range(3))
+        batches = [tf.nest.flatten(test_util.batch(11, seed=i)) for i in range(STEPS)]
+        batches = [[t.numpy() for t in batch] for batch in batches]
+        with tf.Graph().as_default():
+            replicas = towers.Replicated(
+                lambda: _build(next(seeds))(), devices, all_reduce=algorithm, bucket_bytes=256
+            )
+            broadcast = replicas.broadcast()
+            feeds = [tf.compat.v1.placeholder(b.dtype, [None, *b.shape[1:]]) for b in batches[0]]
+            batch = tf.nest.pack_sequence_as(test_util.batch(1), feeds)
+            loss, _ = towers.train_step(
+                lambda b: test_util.loss_fn(replicas.local())(b),
+                replicas, towers.SGD(0.1), batch, devices,
+            )  # fmt: skip
+            collectives = [
+                op for op in tf.compat.v1.get_default_graph().get_operations()
+                if op.type == "CollectiveReduceV2"
+            ]  # fmt: skip
+            with tf.compat.v1.Session(config=towers.session_config()) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                w1 = [sess.run(r.w1) for r in replicas.replicas]
+                self.assertNotAllClose(w1[0], w1[1])  # built apart
+                sess.run(broadcast)
+                for flat in batches:
+                    sess.run(loss, dict(zip(feeds, flat)))
+                got = sess.run(replicas.replicas[-1].variables)
+        for value, want in zip(got, self.reference.variables):
+            test_util.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+        # Per device, each collective's input waits for the collective before it.
+        by_device = {}
+        for op in collectives:
+            by_device.setdefault(op.device, []).append(op)
+        self.assertEqual(len(by_device), 3 if algorithm == "collective" else 0)
+        for ops_of_device in by_device.values():
+            self.assertGreater(len(ops_of_device), 2)
+            waits = [op.inputs[0].op.control_inputs for op in ops_of_device]
+            self.assertEqual(waits[1:], [[op] for op in ops_of_device[:-1]])
+
     def test_momentum_per_copy_stays_identical_and_exact(self):
         devices = test_util.devices(3)
         replicas = towers.Replicated(_build(), devices, all_reduce="ring")

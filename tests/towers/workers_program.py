@@ -2,7 +2,8 @@
 
 Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
 MODE: "train" (10 steps on this worker's part of each global batch, the chief saves the
-weights to OUT), "retrace" (the same, worker 1's batches 2 smaller from step 5),
+weights to OUT), "v1" (the same in a v1 graph and session), "retrace" (the same, worker 1's
+batches 2 smaller from step 5),
 "checkpoint" (5 steps, then a CheckpointManager in the directory OUT), "kill" / "stop"
 (worker 1 kills or freezes itself after one step; the others report the error they get and
 how long after the fault it came, to OUT.<index>.json).
@@ -28,7 +29,7 @@ INFO = towers.init_workers(heartbeat_seconds=3.0 if sys.argv[1] in ("kill", "sto
 
 
 def _build():
-    model = test_util.Model()
+    model = test_util.Model(seed=INFO.index)  # other values than the chief's: broadcast them
     model(test_util.batch(1)[0])
     return model
 
@@ -47,7 +48,37 @@ def step_sizes(mode, sizes, i):
     return sizes
 
 
+def main_v1(out, sizes, steps=10):
+    """The "train" mode in a v1 graph, run by a session on this worker's server."""
+    devices = towers.list_devices()
+    batches = [_my_part(test_util.batch(sum(sizes), seed=i), sizes) for i in range(steps)]
+    with tf.Graph().as_default():
+        replicas = towers.Replicated(_build, devices)
+        broadcast = replicas.broadcast()
+        feeds = tf.nest.map_structure(
+            lambda t: tf.compat.v1.placeholder(t.dtype, [None, *t.shape[1:]]), batches[0]
+        )
+        loss, _ = towers.train_step(
+            lambda b: test_util.loss_fn(replicas.local())(b),
+            replicas,
+            towers.SGD(0.1, momentum=0.9),
+            feeds,
+            devices,
+        )
+        with tf.compat.v1.Session(INFO.target, config=towers.session_config()) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(broadcast)
+            for batch in batches:
+                flat = [t.numpy() for t in tf.nest.flatten(batch)]
+                sess.run(loss, dict(zip(tf.nest.flatten(feeds), flat)))
+            if INFO.is_chief:
+                towers.save_weights(replicas, out, session=sess)
+    towers.barrier("end")
+
+
 def main(mode, out, sizes):
+    if mode == "v1":
+        return main_v1(out, sizes)
     devices = towers.list_devices()
     local_first = os.environ.get("WORKER_LOCAL_FIRST", "1") == "1"  # hierarchical or flat
     all_reduce = towers.WorkersAllReduce(local_first=local_first)
