@@ -2,7 +2,8 @@
 
 Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
 MODE: "train" (10 steps on this worker's part of each global batch, the chief saves the
-weights to OUT), "v1" (the same in a v1 graph and session), "retrace" (the same, worker 1's
+weights to OUT), "v1" (the same in a v1 graph and session,
+the weights saved by a CheckpointManager in the directory OUT), "retrace" (the same, worker 1's
 batches 2 smaller from step 5),
 "checkpoint" (5 steps, then a CheckpointManager in the directory OUT), "kill" / "stop"
 (worker 1 kills or freezes itself after one step; the others report the error they get and
@@ -71,8 +72,9 @@ def main_v1(out, sizes, steps=10):
             for batch in batches:
                 flat = [t.numpy() for t in tf.nest.flatten(batch)]
                 sess.run(loss, dict(zip(tf.nest.flatten(feeds), flat)))
-            if INFO.is_chief:
-                towers.save_weights(replicas, out, session=sess)
+            with towers.CheckpointManager(out, replicas, session=sess) as manager:
+                written = manager.save(steps)  # every worker calls it; the chief alone writes
+            assert bool(written) == INFO.is_chief, written
     towers.barrier("end")
 
 

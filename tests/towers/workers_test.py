@@ -106,12 +106,16 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_v1_graphs_and_sessions(self):
         """Each worker builds a v1 graph and runs it in a session on its own server."""
-        path = os.path.join(self.get_temp_dir(), "v1.npz")
-        for code, output in _wait(_start_workers(2, "v1", path, "5,6")):
+        directory = os.path.join(self.get_temp_dir(), "v1")
+        for code, output in _wait(_start_workers(2, "v1", directory, "5,6")):
             self.assertEqual(code, 0, output[-3000:])
-        saved = towers.read_weights(path)
+        model = test_util.built_model()
+        with towers.CheckpointManager(directory, model) as manager:
+            self.assertEqual(manager.restore_latest(), 10)
         for name, var in _reference([5, 6]).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(
+                towers.named_variables(model)[name], var, rtol=1e-5, atol=1e-6
+            )
 
     def test_a_worker_retracing_alone_keeps_working(self):
         """Worker 1's batches shrink at step 5: it traces again, the others do not."""
