@@ -4,12 +4,16 @@ Towers are built one after another, yet tower 0 may need a value that tower 3 co
 (synchronized BatchNorm needs every tower's moments before any tower normalizes). A
 collective all-reduce solves it: each tower builds its half of the exchange now, and the
 halves meet at run time. Every tower must make the same calls in the same order: the n-th
-call of each tower is one exchange.
+call of each tower is one exchange. Across workers (`towers.init_workers`) the exchange
+spans every worker's towers.
 """
 
 import random
+import zlib
 
 from towers._tower_context import TowerContext, current_tower
+from towers._worker_all_reduce import V1_TIMEOUT_SECONDS
+from towers._workers import current_workers
 from towers.ops._all_reduce.collective import ordering_token, outermost_graph
 from towers.ops._tensorflow import tf
 
@@ -20,6 +24,8 @@ _KEYS = "towers.cross_tower_keys"
 # the range of towers.ops' CollectiveAllReduce ([2**20, 2**31)).
 _GROUP_KEYS = range(2**19, 2**20)
 _TIMEOUT_SECONDS = 120.0
+# Group keys across workers: size-derived, below WorkersAllReduce's (2**18 + size).
+_WORKERS_GROUP_BASE = 2**17
 
 
 def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -> tf.Tensor:
@@ -27,8 +33,9 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
 
     Every tower must call it alike (same order, shapes and dtypes): the n-th call of each
     tower meets the n-th call of the others when the step runs, through a collective
-    all-reduce on the towers' devices. Build the step in `tf.function` or a v1 graph: eagerly,
-    tower 0's sum would wait for towers not yet built.
+    all-reduce on the towers' devices (every worker's, after `towers.init_workers`). Build the
+    step in `tf.function` or a v1 graph: eagerly, tower 0's sum would wait for towers not yet
+    built.
 
     Gradients: with `weight` (this tower's share of the loss, such as its shard size, as
     `train_step` weights tower losses), tower j's `value` receives `(1/w_j) * sum_k w_k g_k`,
@@ -48,7 +55,7 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
     """
     value = tf.convert_to_tensor(value)
     tower = current_tower()
-    if tower is None or tower.num_towers == 1:
+    if tower is None or tower.num_towers * current_workers().num_workers == 1:
         return value if weight is not None else tf.stop_gradient(value)
     if len(tower.devices) != tower.num_towers:
         raise ValueError(
@@ -61,17 +68,18 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
             "tf.function or a v1 graph: eagerly, tower 0 would wait for towers not yet built. "
             "Wrap the step in @tf.function."
         )
-    keys = _keys(tower)
+    size, group, forward, backward = _keys(tower, value)
     if weight is None:
-        return _all_reduce(tf.stop_gradient(value), tower, keys[0], keys[1])
+        return _all_reduce(tf.stop_gradient(value), tower, size, group, forward)
     weight = tf.cast(weight, value.dtype)
 
     @tf.custom_gradient
     def summed(x):
         def grad(upstream):
-            return _first_order(_all_reduce(upstream * weight, tower, keys[0], keys[2])) / weight
+            exchanged = _all_reduce(upstream * weight, tower, size, group, backward)
+            return _first_order(exchanged) / weight
 
-        return _all_reduce(x, tower, keys[0], keys[1]), grad
+        return _all_reduce(x, tower, size, group, forward), grad
 
     return summed(value)
 
@@ -91,22 +99,51 @@ def _first_order(summed: tf.Tensor):
     return tf.identity(summed), second_order
 
 
-def _keys(tower: TowerContext) -> tuple[int, int, int]:
-    """(group key, forward instance key, backward instance key) of this tower's next call."""
+def _keys(tower: TowerContext, value: tf.Tensor) -> tuple[int, int, int, int]:
+    """(group size, group key, forward and backward instance keys) of this tower's next call.
+
+    Within one worker the group key is drawn per graph and device set, and instance keys
+    count the calls. Across workers (`towers.init_workers`), the group spans every worker's
+    towers and its keys must agree without talking: the group key follows from its size,
+    and each instance key from the call's number in this trace, shape and dtype.
+    """
     graph = outermost_graph(tf.compat.v1.get_default_graph())
     kept = graph.get_collection_ref(_KEYS)
     if not kept:
         kept.append({"groups": {}, "calls": {}})
     state = kept[0]
     members = tuple(tower.devices)
-    if members not in state["groups"]:
-        state["groups"][members] = random.SystemRandom().choice(_GROUP_KEYS)
     n = state["calls"].get((members, tower.index), 0)
     state["calls"][(members, tower.index)] = n + 1
-    return state["groups"][members], 2 * n + 1, 2 * n + 2
+    workers = current_workers().num_workers
+    if workers > 1:
+        size = tower.num_towers * workers
+        keys = [_derived(f"{n}:{way}:{value.shape}:{value.dtype.name}") for way in "fb"]
+        return size, _WORKERS_GROUP_BASE + size, keys[0], keys[1]
+    if members not in state["groups"]:
+        state["groups"][members] = random.SystemRandom().choice(_GROUP_KEYS)
+    return tower.num_towers, state["groups"][members], 2 * n + 1, 2 * n + 2
 
 
-def _all_reduce(value: tf.Tensor, tower: TowerContext, group: int, instance: int) -> tf.Tensor:
+def _derived(signature: str) -> int:
+    """An instance key every worker derives alike from `signature`, in [1, 2**31)."""
+    return 1 + zlib.crc32(f"cross_tower:{signature}".encode()) % (2**31 - 1)
+
+
+def _timeout() -> float:
+    """The exchanges' timeout in seconds (0: none), as `WorkersAllReduce.timeout` across workers.
+
+    Across workers, heartbeats report a dead worker: no timeout (it costs 2 ms a call)
+    inside tf.function; a v1 graph's waiting collectives do not hear them.
+    """
+    if current_workers().num_workers == 1:
+        return _TIMEOUT_SECONDS
+    return 0.0 if tf.compat.v1.executing_eagerly_outside_functions() else V1_TIMEOUT_SECONDS
+
+
+def _all_reduce(
+    value: tf.Tensor, tower: TowerContext, size: int, group: int, instance: int
+) -> tf.Tensor:
     """One tower's `CollectiveReduceV2`, ordered after the device's previous collectives."""
     in_function = tf.compat.v1.executing_eagerly_outside_functions()
     with tf.device(tower.device):
@@ -119,13 +156,13 @@ def _all_reduce(value: tf.Tensor, tower: TowerContext, group: int, instance: int
                 value = tf.identity(value)
         summed = tf.raw_ops.CollectiveReduceV2(
             input=value,
-            group_size=tower.num_towers,
+            group_size=size,
             group_key=group,
             instance_key=instance,
             ordering_token=token,
             merge_op="Add",
             final_op="Id",
-            timeout_seconds=_TIMEOUT_SECONDS,
+            timeout_seconds=_timeout(),
         )
         if not in_function:
             tower.v1_collectives.append(summed.op)

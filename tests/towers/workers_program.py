@@ -3,7 +3,8 @@
 Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
 MODE: "train" (10 steps on this worker's part of each global batch, the chief saves the
 weights to OUT), "v1" (the same in a v1 graph and session,
-the weights saved by a CheckpointManager in the directory OUT), "retrace" (the same, worker 1's
+the weights saved by a CheckpointManager in the directory OUT), "batch_norm" (3 steps of a
+synchronized BatchNorm model), "retrace" (the same, worker 1's
 batches 2 smaller from step 5),
 "checkpoint" (5 steps, then a CheckpointManager in the directory OUT), "kill" / "stop"
 (worker 1 kills or freezes itself after one step; the others report the error they get and
@@ -78,9 +79,32 @@ def main_v1(out, sizes, steps=10):
     towers.barrier("end")
 
 
+def main_batch_norm(out, sizes, steps=3):
+    """A synchronized BatchNorm whose statistics span every worker's towers."""
+    from tests.towers import batch_norm_test  # noqa: PLC0415
+
+    devices = towers.list_devices()
+    replicas = towers.Replicated(
+        lambda: batch_norm_test._built(batch_norm_test.Net(True, seed=INFO.index)), devices
+    )
+    optimizer = towers.SGD(batch_norm_test.LR)
+    step = tf.function(
+        lambda b: towers.train_step(
+            lambda s: batch_norm_test._loss(replicas.local())(s), replicas, optimizer, b, devices
+        )
+    )
+    for i in range(steps):
+        step(_my_part(batch_norm_test._batch(sum(sizes), seed=i), sizes))
+    if INFO.is_chief:
+        towers.save_weights(replicas, out)
+    towers.barrier("end")
+
+
 def main(mode, out, sizes):
     if mode == "v1":
         return main_v1(out, sizes)
+    if mode == "batch_norm":
+        return main_batch_norm(out, sizes)
     devices = towers.list_devices()
     local_first = os.environ.get("WORKER_LOCAL_FIRST", "1") == "1"  # hierarchical or flat
     all_reduce = towers.WorkersAllReduce(local_first=local_first)

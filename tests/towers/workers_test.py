@@ -117,6 +117,21 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
                 towers.named_variables(model)[name], var, rtol=1e-5, atol=1e-6
             )
 
+    def test_a_synchronized_batch_norm_spans_the_workers(self):
+        """Statistics of the global batch, as one device's BatchNorm on the whole of it."""
+        from tests.towers import batch_norm_test  # noqa: PLC0415
+
+        path = os.path.join(self.get_temp_dir(), "bn.npz")
+        for code, output in _wait(_start_workers(2, "batch_norm", path, "5,6")):
+            self.assertEqual(code, 0, output[-3000:])
+        reference = batch_norm_test.Reference()
+        for i in range(3):
+            reference.step(batch_norm_test._batch(11, seed=i))
+        saved = towers.read_weights(path)
+        self.assertEqual(sorted(saved), sorted(reference.named()))
+        for name, var in reference.named().items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+
     def test_a_worker_retracing_alone_keeps_working(self):
         """Worker 1's batches shrink at step 5: it traces again, the others do not."""
         path = os.path.join(self.get_temp_dir(), "retraced.npz")
