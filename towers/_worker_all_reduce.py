@@ -43,8 +43,8 @@ class WorkersAllReduce(CollectiveAllReduce):
         default): no timeout inside `tf.function`, where the heartbeats `init_workers`
         configures report a dead or frozen worker and a timeout would cost about 2 ms per
         reduction on loopback (TensorFlow 2.21); in a v1 graph, whose waiting collectives do
-        not hear the heartbeats, `V1_TIMEOUT_SECONDS`. Set one to bound both, or to guard
-        against workers that build different steps.
+        not hear the heartbeats, 300 s. Set one to bound both, or to guard against workers
+        that build different steps.
       local_first: Whether to reduce within each worker first (see above).
     """
 
@@ -55,7 +55,7 @@ class WorkersAllReduce(CollectiveAllReduce):
         self.local_first = local_first
 
     def timeout(self) -> float:
-        """`timeout_seconds`; when None, 0 (none) in `tf.function`, else `V1_TIMEOUT_SECONDS`."""
+        """`timeout_seconds`; when None, 0 (none) in `tf.function`, 300 s in a v1 graph."""
         if self.timeout_seconds is not None:
             return self.timeout_seconds
         return 0.0 if tf.compat.v1.executing_eagerly_outside_functions() else V1_TIMEOUT_SECONDS
