@@ -7,7 +7,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tests import test_util
-from towers.bench import _tables
+from towers.bench import _cluster, _tables
 
 CONFIGURATIONS = {
     "one device",
@@ -45,7 +45,7 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         """`python -m towers.bench` itself, one model on 2 devices, 4 steps per configuration."""
         out = test_util.run_python(
             "import runpy, sys\n"
-            "sys.argv = ['towers.bench', '--models=many_small', '--towers=2', '--steps=2', "
+            "sys.argv = ['towers.bench', '--models=mlp', '--towers=2', '--steps=2', "
             "'--warmup=1', '--algorithms=ring,collective', '--batch_size=64', "
             f"'--optimizer={optimizer}']\n"
             "runpy.run_module('towers.bench', run_name='__main__')\n",
@@ -71,7 +71,7 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         rows = [
             dict(zip(header, _cells(line)))
             for line in lines[1:]
-            if line.strip() and _cells(line)[0] == "many_small"
+            if line.strip() and _cells(line)[0] == "mlp"
         ]
         expected = CONFIGURATIONS - ({"mirrored strategy"} if optimizer != "sgd" else set())
         self.assertLen(rows, len(expected))  # one row each, none twice
@@ -124,3 +124,30 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class WorkersBenchTest(tf.test.TestCase):
+    def test_the_table_gives_ratios_to_multi_worker_mirrored(self):
+        """The chief's rows as `python -m towers.bench --suite=workers` prints them."""
+        base = {"workers": 2, "devices_per_worker": 1}
+        rows = [
+            {**base, "peer": "multi_worker_mirrored", "model": "mlp", "step_ms": 20.0,
+             "trace_s": 0.5, "loss": 2.5},
+            {**base, "peer": "multi_worker_mirrored", "model": "all-reduce", "kb": 4,
+             "step_ms": 2.0, "mb_per_s": 1.95},
+            {**base, "peer": "towers local_first", "model": "mlp", "step_ms": 16.0,
+             "trace_s": 0.3, "loss": 2.5},
+            {**base, "peer": "towers local_first", "model": "all-reduce", "kb": 4,
+             "step_ms": 4.0, "mb_per_s": 0.98},
+        ]  # fmt: skip
+        lines = _cluster.workers_table(rows).splitlines()
+        header = _cells(lines[0])
+        table = [dict(zip(header, _cells(line))) for line in lines[1:5]]
+        self.assertEqual([r["what"] for r in table], ["mlp", "all-reduce 4 KB"] * 2)
+        self.assertEqual([r["x mirrored"] for r in table], ["1.00", "1.00", "1.25", "0.50"])
+        self.assertEqual(table[2]["loss"], "2.5")
+        self.assertIn("2 workers on loopback", lines[5])
+
+    def test_a_bad_role_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "--cluster_role must be one of"):
+            _cluster.run_cluster_worker("horovod:2", ["mlp"], 0, 1, 0, [4])
