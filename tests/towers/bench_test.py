@@ -16,6 +16,10 @@ CONFIGURATIONS = {
     "towers ps",
     "towers replicated ring",
     "towers replicated collective",
+    "hand-written towers (v1 session)",
+    "towers ps (v1 session)",
+    "towers replicated ring (v1 session)",
+    "towers replicated collective (v1 session)",
 }
 
 
@@ -97,6 +101,7 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         # Same weights, data and steps: every configuration trained the same model.
         np.testing.assert_allclose(losses, losses[0], rtol=2e-6)
         self.assertEqual(by_config["towers replicated ring"]["all-reduces"], "1")  # one bucket
+        self.assertEqual(by_config["towers replicated ring (v1 session)"]["all-reduces"], "1")
         self.assertEqual(by_config["towers ps"]["all-reduces"], "-")
 
     def test_import_defines_no_flags_and_towers_does_not_import_it(self):

@@ -36,20 +36,24 @@ class HandUpdate:
         with tf.device("/cpu:0"):
             self.steps = tf.Variable(0.0, trainable=False)
 
-    def apply(self, grads: list) -> None:
-        """One update of every variable with its gradient."""
+    def apply(self, grads: list) -> list[tf.Operation]:
+        """One update of every variable with its gradient.
+
+        Returns the update ops: a v1 graph runs them only as control inputs of what is fetched.
+        """
         t = self.steps.assign_add(1.0)
         lr = tf.constant(LEARNING_RATE)
+        ops = []
         for var, grad in zip(self.variables, grads):
             slots = self.slots.get(var.ref())
             if self.name == "sgd":
-                tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
+                op = tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
             elif self.name == "momentum":
-                tf.raw_ops.ResourceApplyMomentum(
+                op = tf.raw_ops.ResourceApplyMomentum(
                     var=var.handle, accum=slots[0].handle, lr=lr, grad=grad, momentum=0.9
                 )
             else:
-                tf.raw_ops.ResourceApplyAdam(
+                op = tf.raw_ops.ResourceApplyAdam(
                     var=var.handle,
                     m=slots[0].handle,
                     v=slots[1].handle,
@@ -61,6 +65,8 @@ class HandUpdate:
                     epsilon=1e-7,
                     grad=grad,
                 )
+            ops.append(op)
+        return ops
 
 
 def one_device(model_name: str, devices: list[str], optimizer: str = "sgd") -> Step:
@@ -69,13 +75,13 @@ def one_device(model_name: str, devices: list[str], optimizer: str = "sgd") -> S
         model = MODELS[model_name]()
         update = HandUpdate(optimizer, model.trainable_variables)
 
-    @tf.function
     def step(batch):
         with tf.device(devices[0]):
             with tf.GradientTape() as tape:
                 loss = mean_loss(model, batch)
-            update.apply(tape.gradient(loss, model.trainable_variables))
-        return loss
+            grads = tape.gradient(loss, model.trainable_variables)
+            with tf.control_dependencies(update.apply(grads)):
+                return tf.identity(loss)
 
     return step
 
@@ -87,7 +93,6 @@ def hand_written(model_name: str, devices: list[str], optimizer: str = "sgd") ->
         update = HandUpdate(optimizer, model.trainable_variables)
     k = len(devices)
 
-    @tf.function
     def step(batch):
         with tf.device("/cpu:0"):
             xs, ys = tf.split(batch[0], k), tf.split(batch[1], k)
@@ -99,8 +104,9 @@ def hand_written(model_name: str, devices: list[str], optimizer: str = "sgd") ->
                 tower_grads.append(tape.gradient(loss, model.trainable_variables))
                 losses.append(loss)
         with tf.device("/cpu:0"):
-            update.apply([tf.add_n(grads) / k for grads in zip(*tower_grads)])
-            return tf.add_n(losses) / k
+            updates = update.apply([tf.add_n(grads) / k for grads in zip(*tower_grads)])
+            with tf.control_dependencies(updates):
+                return tf.add_n(losses) / k
 
     return step
 
@@ -111,9 +117,7 @@ def towers_parameter_server(model_name: str, devices: list[str], optimizer: str 
         model = MODELS[model_name]()
     optimizer = towers_optimizer(optimizer)
     loss_fn = functools.partial(mean_loss, model)
-    return tf.function(
-        lambda batch: towers.train_step(loss_fn, model, optimizer, batch, devices)[0]
-    )
+    return lambda batch: towers.train_step(loss_fn, model, optimizer, batch, devices)[0]
 
 
 def towers_replicated(
@@ -123,7 +127,11 @@ def towers_replicated(
     bucket_bytes: int | None = 4 * 2**20,
     optimizer: str = "sgd",
 ) -> Step:
-    """`towers.train_step` with `Replicated` variables and the given all-reduce."""
+    """`towers.train_step` with `Replicated` variables and the given all-reduce.
+
+    In a v1 graph the copies are not broadcast: the models' initial values are the same
+    (stateless, seeded) on every device.
+    """
     replicas = towers.Replicated(
         MODELS[model_name], devices, all_reduce=algorithm, bucket_bytes=bucket_bytes
     )
@@ -132,9 +140,7 @@ def towers_replicated(
     def loss_fn(shard):
         return mean_loss(replicas.local(), shard)
 
-    return tf.function(
-        lambda batch: towers.train_step(loss_fn, replicas, optimizer, batch, devices)[0]
-    )
+    return lambda batch: towers.train_step(loss_fn, replicas, optimizer, batch, devices)[0]
 
 
 def mirrored(model_name: str, devices: list[str], strategy: tf.distribute.Strategy) -> Step:
@@ -177,25 +183,67 @@ def mirrored(model_name: str, devices: list[str], strategy: tf.distribute.Strate
     return step
 
 
+def in_function(build: Callable[..., Step]) -> Callable[..., Step]:
+    """The step `build` makes, as a `tf.function`."""
+    return lambda model_name, devices: tf.function(build(model_name, devices))
+
+
+def in_session(build: Callable[..., Step], data: tuple) -> Callable[..., Step]:
+    """The step `build` makes, in a v1 graph run by a `Session`: the TF1 way.
+
+    The batch is a constant of the graph (as the `tf.function` steps take one tensor), and
+    the first call builds the graph, initializes it and runs it (its "trace" time).
+    """
+
+    def make(model_name: str, devices: list[str]) -> Step:
+        made = []
+
+        def step(batch):
+            del batch  # the graph's own constant
+            if not made:
+                graph = tf.Graph()
+                with graph.as_default():
+                    loss = build(model_name, devices)(tuple(tf.constant(t) for t in data))
+                    init = tf.compat.v1.global_variables_initializer()
+                session = tf.compat.v1.Session(graph=graph, config=towers.session_config())
+                session.run(init)
+                made.append((session, loss))
+            session, loss = made[0]
+            return session.run(loss)
+
+        return step
+
+    return make
+
+
 def configurations(
     algorithms: list[str],
     bucket_bytes: int | None = 4 * 2**20,
     strategy: tf.distribute.Strategy | None = None,
     optimizer: str = "sgd",
+    data: tuple | None = None,
 ) -> dict[str, Callable[[str, list[str]], Step]]:
     """The steps to compare, by row label.
 
     MirroredStrategy's only with a `strategy` and plain SGD (its update is written inline).
+    With `data` (numpy arrays), also the hand-written loop and towers in v1 sessions.
     """
-    steps = {
+    bodies = {
         "one device": functools.partial(one_device, optimizer=optimizer),
         "hand-written towers": functools.partial(hand_written, optimizer=optimizer),
         "towers ps": functools.partial(towers_parameter_server, optimizer=optimizer),
     }
+    steps = {label: in_function(body) for label, body in bodies.items()}
     if strategy is not None and optimizer == "sgd":
         steps["mirrored strategy"] = functools.partial(mirrored, strategy=strategy)
     for algorithm in algorithms:
-        steps[f"towers replicated {algorithm}"] = functools.partial(
+        label = f"towers replicated {algorithm}"
+        bodies[label] = functools.partial(
             towers_replicated, algorithm=algorithm, bucket_bytes=bucket_bytes, optimizer=optimizer
         )
+        steps[label] = in_function(bodies[label])
+    if data is not None:
+        for label, body in bodies.items():
+            if label != "one device":
+                steps[f"{label} (v1 session)"] = in_session(body, data)
     return steps

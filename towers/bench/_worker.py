@@ -38,7 +38,8 @@ def run_worker(
     for model in models:
         size = batch_size or DEFAULT_BATCH[model]
         data = batch(MODELS[model], size)
-        compared = configurations(algorithms, bucket_bytes, strategy, optimizer)
+        numpy_data = tuple(t.numpy() for t in data)
+        compared = configurations(algorithms, bucket_bytes, strategy, optimizer, numpy_data)
         for label, build in compared.items():
             step = build(model, devices)
             trace, seconds, loss = _time(step, data, steps, warmup)
