@@ -9,7 +9,7 @@ variables. Nothing in this package imports the rest of `towers`.
 from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import ALGORITHMS, all_reduce_algorithm
-from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.collective import CollectiveAllReduce, collective_order
 from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
@@ -35,6 +35,7 @@ __all__ = [
     "all_reduce_algorithm",
     "all_reduce_gradients",
     "average_gradients",
+    "collective_order",
     "merge_grad_list",
     "merge_outputs",
     "pack",

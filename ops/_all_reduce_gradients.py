@@ -129,6 +129,8 @@ def _weights_of(
     first. Without weights, the mean is over the whole group.
     """
     group = algorithm.group_size(len(devices))
+    if weights is not None and any(isinstance(w, (int, float)) and w < 0 for w in weights):
+        raise ValueError(f"`weights` must be non-negative; got {list(weights)}.")
     if group == len(devices) or weights is None:
         return normalized_weights(weights, group, "all_reduce_gradients")[: len(devices)], False
     if bucket_bytes is not None and wire_dtype is None:

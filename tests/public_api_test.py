@@ -95,6 +95,7 @@ OPS_NAMES = [
     "all_reduce_algorithm",
     "all_reduce_gradients",
     "average_gradients",
+    "collective_order",
     "merge_grad_list",
     "merge_outputs",
     "pack",

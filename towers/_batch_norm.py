@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from towers._cross_tower import cross_tower_sum
 from towers._tower_context import current_tower
 from towers._variable_strategy import updates_state
+from towers._workers import current_workers
 from towers.ops._tensorflow import tf
 
 
@@ -192,7 +193,7 @@ def _moments(x: tf.Tensor, axes: Sequence[int], *, sync: bool):
     x32 = tf.cast(x, tf.float32)
     mean, variance = tf.nn.moments(x32, axes)
     tower = current_tower()
-    if tower is None or tower.num_towers == 1:
+    if tower is None or tower.num_towers * current_workers().num_workers == 1:
         return mean, variance, (tf.stop_gradient(mean), tf.stop_gradient(variance))
     shape = tf.shape(x32)
     count = tf.cast(tf.reduce_prod(tf.gather(shape, list(axes))), tf.float32)

@@ -12,9 +12,14 @@ import random
 import zlib
 
 from towers._tower_context import TowerContext, current_tower
-from towers._worker_all_reduce import V1_TIMEOUT_SECONDS
+from towers._worker_all_reduce import V1_TIMEOUT_SECONDS, workers_group_key
 from towers._workers import current_workers
-from towers.ops._all_reduce.collective import ordering_token, outermost_graph
+from towers.ops._all_reduce.collective import (
+    CollectiveAllReduce,
+    ordering_token,
+    outermost_graph,
+    v1_chain,
+)
 from towers.ops._tensorflow import tf
 
 # Graph collection holding, for the outermost graph being built, the group key of each
@@ -119,7 +124,7 @@ def _keys(tower: TowerContext, value: tf.Tensor) -> tuple[int, int, int, int]:
     if workers > 1:
         size = tower.num_towers * workers
         keys = [_derived(f"{n}:{way}:{value.shape}:{value.dtype.name}") for way in "fb"]
-        return size, _WORKERS_GROUP_BASE + size, keys[0], keys[1]
+        return size, workers_group_key(_WORKERS_GROUP_BASE, members, size), keys[0], keys[1]
     if members not in state["groups"]:
         state["groups"][members] = random.SystemRandom().choice(_GROUP_KEYS)
     return tower.num_towers, state["groups"][members], 2 * n + 1, 2 * n + 2
@@ -130,14 +135,17 @@ def _derived(signature: str) -> int:
     return 1 + zlib.crc32(f"cross_tower:{signature}".encode()) % (2**31 - 1)
 
 
-def _timeout() -> float:
-    """The exchanges' timeout in seconds (0: none), as `WorkersAllReduce.timeout` across workers.
+def _timeout(tower: TowerContext) -> float:
+    """The exchange's timeout in seconds (0: none).
 
-    Across workers, heartbeats report a dead worker: no timeout (it costs 2 ms a call)
-    inside tf.function; a v1 graph's waiting collectives do not hear them.
+    Across workers, that of the strategy's all-reduce (`WorkersAllReduce(timeout_seconds=)`:
+    none inside tf.function by default, where heartbeats report a dead worker).
     """
     if current_workers().num_workers == 1:
         return _TIMEOUT_SECONDS
+    algorithm = getattr(tower.variable_strategy, "algorithm", None)
+    if isinstance(algorithm, CollectiveAllReduce):
+        return algorithm.timeout()
     return 0.0 if tf.compat.v1.executing_eagerly_outside_functions() else V1_TIMEOUT_SECONDS
 
 
@@ -151,8 +159,9 @@ def _all_reduce(
         # automatic ordering, so each waits for the tower's previous one (of this build only:
         # another step of the same graph must not depend on this one).
         token = [ordering_token(tower.device)] if in_function else []
-        if not in_function and tower.v1_collectives:  # on the input: TensorFlow 2.21 drops
-            with tf.control_dependencies(tower.v1_collectives[-1:]):  # a collective's own
+        chain = None if in_function else v1_chain()  # shared with the gradient all-reduce
+        if chain and tower.device in chain:  # on the input: TensorFlow 2.21 drops control
+            with tf.control_dependencies([chain[tower.device]]):  # inputs of a collective op
                 value = tf.identity(value)
         summed = tf.raw_ops.CollectiveReduceV2(
             input=value,
@@ -162,8 +171,8 @@ def _all_reduce(
             ordering_token=token,
             merge_op="Add",
             final_op="Id",
-            timeout_seconds=_timeout(),
+            timeout_seconds=_timeout(tower),
         )
-        if not in_function:
-            tower.v1_collectives.append(summed.op)
+        if chain is not None:
+            chain[tower.device] = summed.op
     return summed

@@ -24,8 +24,6 @@ class TowerContext:
         `tower_gradients` and `variable_list` use it when not given one.
       devices: Every tower's device, in tower order (what `towers.cross_tower_sum` spans);
         empty when unknown.
-      v1_collectives: The collectives this tower built in a v1 graph, in order: each waits
-        for the one before (a v1 graph has no automatic ordering). Library state.
     """
 
     index: int
@@ -34,9 +32,6 @@ class TowerContext:
     name_scope: str = ""
     variable_strategy: Any = None
     devices: tuple[str, ...] = ()
-    v1_collectives: list = dataclasses.field(
-        default_factory=list, init=False, compare=False, repr=False
-    )
 
     def __post_init__(self):
         if not 0 <= self.index < self.num_towers:

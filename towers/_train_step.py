@@ -202,10 +202,11 @@ def train_step(
         micro_batches=check_micro_batches(micro_batches),
         merge=merge,
     )
-    per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
-    losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
-    _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
-    reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
+    with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
+        per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
+        losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
+        _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
+        reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
     _prepare(optimizer, strategy, variables, len(reduced))
     if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
         raise TypeError(

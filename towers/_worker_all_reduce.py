@@ -25,9 +25,11 @@ _CALLS = "towers.worker_all_reduce_calls"
 class WorkersAllReduce(CollectiveAllReduce):
     """Sums over the devices of every worker (`towers.init_workers`), each its local ones.
 
-    Every worker builds the same reductions in the same order; each reduction is one
-    `CollectiveReduceV2` per local device, in a group of all workers' devices. Keys agree
-    across workers without talking: the group key follows from the group's size, and an
+    Every worker builds the same reductions in the same order; each reduction is a
+    `CollectiveReduceV2` in a group that spans the workers (every device of every worker, or
+    with `local_first` each worker's first device). Keys agree across workers without
+    talking: the group key follows from the group's size and the local devices' types and
+    indices, and an
     instance key from the reduction's number within the trace, its shape and its dtype, so a
     worker that retraces alone (a short last batch) still meets the others, and two functions
     of one process never reuse a key at another shape (which TensorFlow's runtime refuses for
@@ -52,6 +54,8 @@ class WorkersAllReduce(CollectiveAllReduce):
 
     def __init__(self, timeout_seconds: float | None = None, *, local_first: bool = True):
         super().__init__(timeout_seconds)
+        if not isinstance(local_first, bool):
+            raise TypeError(f"`local_first` must be a bool; got {type(local_first).__name__}.")
         self.local_first = local_first
 
     def timeout(self) -> float:
@@ -67,15 +71,15 @@ class WorkersAllReduce(CollectiveAllReduce):
     def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
         """Keys every worker derives alike; see the class docstring."""
         size = self.group_size(len(devices))
-        leaders = _LEADERS_BASE if self.local_first else 0  # another group of devices
-        return size, _GROUP_BASE + leaders + size, _instance_key(value)
+        base = _GROUP_BASE + (_LEADERS_BASE if self.local_first else 0)
+        return size, workers_group_key(base, devices, size), _instance_key(value)
 
     def sum(
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[tf.Tensor]:
         """Across workers, after a local sum when `local_first`; see `AllReduce.sum`."""
-        if not self.local_first:
-            return super().sum(values, devices, wire_dtype)
+        if not self.local_first or len(set(devices)) != len(devices):
+            return super().sum(values, devices, wire_dtype)  # which refuses repeated devices
         dtype = values[0].dtype
         sent = []
         for value, device in zip(values, devices):
@@ -139,6 +143,19 @@ def _assign_chiefs(algorithm: AllReduce, devices: list, groups: list) -> list:
         for copy, value in zip(copies, algorithm(values, devices)):
             assigned.append(copy.assign(value))
     return assigned
+
+
+def workers_group_key(base: int, devices: list[str], size: int) -> int:
+    """A group key every worker derives alike, in [base, base + 2**16).
+
+    From the group's size and the local devices' types and indices (not their job or task,
+    which differ between workers): two device sets of one worker get different keys.
+    """
+    local = ",".join(
+        f"{spec.device_type}:{spec.device_index}"
+        for spec in map(tf.DeviceSpec.from_string, devices)
+    )
+    return base + zlib.crc32(f"{size}|{local}".encode()) % 2**16
 
 
 def _instance_key(value: tf.Tensor) -> int:

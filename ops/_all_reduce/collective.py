@@ -46,7 +46,7 @@ class CollectiveAllReduce(AllReduce):
       timeout_seconds: How long a collective may wait for its peers before failing; None
         to wait for ever.
       group_key: The group key of the first device set this instance reduces over (the next
-        sets get `group_key + 1`, ...); None to draw keys at random.
+        sets get `group_key + 1`, ...), in [2**20, 2**31); None to draw keys at random.
 
     Raises:
       ValueError: if `timeout_seconds` is not positive or `group_key` is out of range.
@@ -66,11 +66,12 @@ class CollectiveAllReduce(AllReduce):
         if group_key is not None and (
             isinstance(group_key, bool)
             or not isinstance(group_key, int)
-            or group_key < 1
-            or group_key >= 2**31
+            or group_key < _GROUP_KEYS.start
+            or group_key >= _GROUP_KEYS.stop
         ):
             raise ValueError(
-                f"`group_key` must be an int in [1, 2**31) or None; got {group_key!r}."
+                f"`group_key` must be an int in [2**20, 2**31) or None (keys below 2**20 are "
+                f"tf.distribute's and towers' own); got {group_key!r}."
             )
         self.timeout_seconds = timeout_seconds
         self._first_group_key = group_key
@@ -130,7 +131,7 @@ class CollectiveAllReduce(AllReduce):
             )
         size, group, instance = self.keys(values[0], devices)
         in_function = tf.compat.v1.executing_eagerly_outside_functions()
-        chain = None if in_function else _v1_chain()
+        chain = None if in_function else v1_chain()
         out = []
         for value, device in zip(values, devices):
             previous = [] if chain is None or device not in chain else [chain[device]]
@@ -167,29 +168,47 @@ class CollectiveAllReduce(AllReduce):
 def collective_order() -> Iterator[None]:
     """In a v1 graph, chains the collectives built inside, per device, in build order.
 
-    A unit that is run on its own (one step's all-reduces, a broadcast of initial values)
-    builds its collectives in one block, so that no other unit's collectives become its
-    control inputs. Inside `tf.function`, tokens order collectives and this does nothing.
+    A unit that is run on its own (one training step, a broadcast of initial values) builds
+    its collectives in one block, so that they wait for one another and for no other unit's
+    (`train_step` and `all_reduce_gradients` open one; a block inside a block is part of it).
+    Outside any block, a v1 graph's collectives form one chain per device. Inside
+    `tf.function`, tokens order collectives and this does nothing.
 
     Yields:
       Nothing.
+
+    Example:
+      >>> with tf.Graph().as_default():
+      ...     with ops.collective_order():
+      ...         summed = ops.CollectiveAllReduce()(values, devices)
     """
-    graph = tf.compat.v1.get_default_graph()
-    stack = graph.get_collection_ref(_CHAINS)
-    stack.append({})
+    chains = _chains()
+    if chains["blocks"]:  # inside a block: part of it
+        yield
+        return
+    chains["blocks"].append({})
     try:
         yield
     finally:
-        stack.pop()
+        chains["blocks"].pop()
 
 
-def _v1_chain() -> dict:
-    """Device -> last collective of the innermost `collective_order` block, or the graph's."""
-    graph = tf.compat.v1.get_default_graph()
-    stack = graph.get_collection_ref(_CHAINS)
-    if not stack:
-        stack.append({})  # the graph-wide chain, under any block
-    return stack[-1]
+def v1_chain() -> dict:
+    """Device -> the last collective of the open `collective_order` block (or the graph's).
+
+    Returns:
+      The dict to read the collective to wait for from, and to record a new one in.
+    """
+    chains = _chains()
+    return chains["blocks"][-1] if chains["blocks"] else chains["graph"]
+
+
+def _chains() -> dict:
+    """This graph's chain outside blocks and its stack of open blocks (graph state)."""
+    kept = tf.compat.v1.get_default_graph().get_collection_ref(_CHAINS)
+    if not kept:
+        kept.append({"graph": {}, "blocks": []})
+    return kept[0]
 
 
 def ordering_token(device: str) -> tf.Tensor:

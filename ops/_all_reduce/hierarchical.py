@@ -23,7 +23,8 @@ class HierarchicalAllReduce(AllReduce):
         `ops.AllReduce` (default a ring).
 
     Raises:
-      ValueError: if `devices_per_group` is not a positive int.
+      ValueError: if `devices_per_group` is not a positive int, or `across` is unknown or
+        reaches beyond this process.
     """
 
     name = "hierarchical"
@@ -41,6 +42,12 @@ class HierarchicalAllReduce(AllReduce):
 
         self.devices_per_group = devices_per_group
         self.across = all_reduce_algorithm(across)
+        if self.across.group_size(2) != 2:
+            raise ValueError(
+                f"`across` must reduce among this process's group leaders only; "
+                f"{type(self.across).__name__} reaches other processes (give it to "
+                "all_reduce_gradients or Replicated itself)."
+            )
 
     def groups(self, devices: list[str]) -> list[list[int]]:
         """The groups of device indices this instance reduces `devices` in.

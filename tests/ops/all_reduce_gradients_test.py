@@ -45,6 +45,23 @@ def _tower_grads(model, full, k, devices):
 
 
 class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
+    def test_negative_weights_are_refused_beyond_these_devices_too(self):
+        twin = _TwinWorker(ops.ReduceBroadcastAllReduce())
+        grads = [[tf.ones([2])] for _ in range(2)]
+        for bucket in (1024, None):
+            with self.assertRaisesRegex(
+                ValueError, r"`weights` must be non-negative; got \[3, -1\]"
+            ):
+                ops.all_reduce_gradients(
+                    grads,
+                    test_util.devices(2),
+                    weights=[3, -1],
+                    algorithm=twin,
+                    bucket_bytes=bucket,
+                )
+        with self.assertRaisesRegex(ValueError, "`across` must reduce among this process's"):
+            ops.HierarchicalAllReduce(across=twin)
+
     @parameterized.parameters(
         (1024, None, True, 1),  # the weights' total rides in the packed sum
         (None, None, True, 5),  # no packing: all-reduced first, then each of 4 gradients

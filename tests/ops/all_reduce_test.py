@@ -274,9 +274,9 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         devices = test_util.devices(2)
         self.assertNotEqual(first.group_key(devices), second.group_key(devices))
         self.assertEqual(first.group_key(devices), first.group_key(devices))
-        fixed = ops.CollectiveAllReduce(group_key=5000)
-        self.assertEqual(fixed.group_key(devices), 5000)
-        self.assertEqual(fixed.group_key(test_util.devices(3)), 5001)
+        fixed = ops.CollectiveAllReduce(group_key=2**20 + 5)
+        self.assertEqual(fixed.group_key(devices), 2**20 + 5)
+        self.assertEqual(fixed.group_key(test_util.devices(3)), 2**20 + 6)
         mine = ops.CollectiveAllReduce(timeout_seconds=5)
         self.assertIs(ops.all_reduce_algorithm(mine), mine)
 
@@ -327,9 +327,9 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             ValueError, "`timeout_seconds` must be positive or None; got 0"
         ):
             ops.CollectiveAllReduce(timeout_seconds=0)
-        for key in (-1, 0, 2**31, True, 1.5):
+        for key in (-1, 0, 2**19, 2**31, True, 1.5):
             with self.assertRaisesRegex(
-                ValueError, r"`group_key` must be an int in \[1, 2\*\*31\)"
+                ValueError, r"`group_key` must be an int in \[2\*\*20, 2\*\*31\)"
             ):
                 ops.CollectiveAllReduce(group_key=key)
 

@@ -127,10 +127,6 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("suite", done.stderr)
 
 
-if __name__ == "__main__":
-    tf.test.main()
-
-
 class WorkersBenchTest(tf.test.TestCase):
     def test_the_table_gives_ratios_to_multi_worker_mirrored(self):
         """The chief's rows as `python -m towers.bench --suite=workers` prints them."""
@@ -156,3 +152,7 @@ class WorkersBenchTest(tf.test.TestCase):
     def test_a_bad_role_is_refused(self):
         with self.assertRaisesRegex(ValueError, "--cluster_role must be one of"):
             _cluster.run_cluster_worker("horovod:2", ["mlp"], 0, 1, 0, [4])
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -117,12 +117,14 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
                 towers.named_variables(model)[name], var, rtol=1e-5, atol=1e-6
             )
 
-    def test_a_synchronized_batch_norm_spans_the_workers(self):
+    @parameterized.parameters(1, 2)
+    def test_a_synchronized_batch_norm_spans_the_workers(self, devices):
         """Statistics of the global batch, as one device's BatchNorm on the whole of it."""
         from tests.towers import batch_norm_test  # noqa: PLC0415
 
         path = os.path.join(self.get_temp_dir(), "bn.npz")
-        for code, output in _wait(_start_workers(2, "batch_norm", path, "5,6")):
+        started = _start_workers(2, "batch_norm", path, "5,6", devices=devices)
+        for code, output in _wait(started):
             self.assertEqual(code, 0, output[-3000:])
         reference = batch_norm_test.Reference()
         for i in range(3):

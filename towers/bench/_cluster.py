@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 PEERS = ("towers local_first", "towers flat", "multi_worker_mirrored")
@@ -41,28 +42,34 @@ def cluster_rows(
             sys.executable, "-m", "towers.bench", "--suite=workers",
             f"--cluster_role={peer}:{devices}", *flags,
         ]  # fmt: skip
-        procs = [
-            subprocess.Popen(
-                command,
-                env={**os.environ, "TF_CONFIG": tf_config(ports, i)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(workers)
-        ]
-        outputs = []
-        deadline = time.monotonic() + timeout_seconds
-        try:
-            for proc in procs:
-                outputs.append(proc.communicate(timeout=max(1, deadline - time.monotonic())))
-        finally:
-            for proc in procs:
-                proc.kill()
-        for proc, (_, err) in zip(procs, outputs):
+        with tempfile.TemporaryDirectory() as logs:  # files: no pipe fills while one waits
+            files = [open(os.path.join(logs, f"{i}.txt"), "w+") for i in range(workers)]  # noqa: SIM115
+            procs = [
+                subprocess.Popen(
+                    command,
+                    env={**os.environ, "TF_CONFIG": tf_config(ports, i)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                for i, out in zip(range(workers), files)
+            ]
+            deadline = time.monotonic() + timeout_seconds
+            try:
+                for proc in procs:
+                    proc.wait(timeout=max(1, deadline - time.monotonic()))
+            finally:
+                for proc in procs:
+                    proc.kill()
+            outputs = []
+            for out in files:
+                out.seek(0)
+                outputs.append(out.read())
+                out.close()
+        for proc, output in zip(procs, outputs):
             if proc.returncode != 0:
-                raise RuntimeError(f"{peer} worker failed ({proc.returncode}):\n{err[-3000:]}")
-        rows += [json.loads(line) for line in outputs[0][0].splitlines() if line.startswith("{")]
+                raise RuntimeError(f"{peer} worker failed ({proc.returncode}):\n{output[-3000:]}")
+        rows += [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
     return rows
 
 
