@@ -93,7 +93,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(code, 0, output[-3000:])
         saved = towers.read_weights(path)
         for name, var in _reference(sizes).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
     def test_one_device_per_worker(self):
         """The usual cluster: one GPU per host. The all-reduce still spans the workers."""
@@ -102,7 +102,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(code, 0, output[-3000:])
         saved = towers.read_weights(path)
         for name, var in _reference([5, 6]).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
     def test_v1_graphs_and_sessions(self):
         """Each worker builds a v1 graph and runs it in a session on its own server."""
@@ -132,7 +132,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         saved = towers.read_weights(path)
         self.assertEqual(sorted(saved), sorted(reference.named()))
         for name, var in reference.named().items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
     def test_a_worker_retracing_alone_keeps_working(self):
         """Worker 1's batches shrink at step 5: it traces again, the others do not."""
@@ -141,7 +141,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(code, 0, output[-3000:])
         saved = towers.read_weights(path)
         for name, var in _reference([5, 6], mode="retrace").items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
     def test_the_launcher_runs_them(self):
         path = os.path.join(self.get_temp_dir(), "launched.npz")
@@ -151,7 +151,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(code, 0)
         saved = towers.read_weights(path)
         for name, var in _reference([5, 6]).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
     def test_the_chiefs_checkpoint_resumes_in_one_process(self):
         directory = os.path.join(self.get_temp_dir(), "run")
