@@ -1,14 +1,16 @@
 """A worker of the multi-worker tests: run by `workers_test.py`, one process per worker.
 
 Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
-MODE: "train" (10 steps on this worker's part of each global batch, the chief saves the
-weights to OUT), "v1" (the same in a v1 graph and session,
-the weights saved by a CheckpointManager in the directory OUT), "batch_norm" (3 steps of a
-synchronized BatchNorm model), "retrace" (the same, worker 1's
-batches 2 smaller from step 5),
-"checkpoint" (5 steps, then a CheckpointManager in the directory OUT), "kill" / "stop"
-(worker 1 kills or freezes itself after one step; the others report the error they get and
-how long after the fault it came, to OUT.<index>.json).
+MODE:
+- "train": 10 steps on this worker's part of each global batch; the chief saves the weights
+  to OUT.
+- "retrace": the same, worker 1's batches 2 smaller from step 5.
+- "v1": "train" in a v1 graph and session; a CheckpointManager saves to the directory OUT.
+- "batch_norm": 3 steps of a synchronized BatchNorm model; the chief saves the weights.
+- "checkpoint": 5 steps, then a CheckpointManager in the directory OUT.
+- "kill" / "stop" / "v1kill": worker 1 kills or freezes itself after one step (of a v1
+  session for "v1kill"); the others report the error they get and how long after the fault
+  it came, to OUT.<index>.json.
 """
 
 import json
@@ -27,7 +29,9 @@ from tests import test_util  # noqa: E402  (splits the CPU, before the runtime s
 
 # A short heartbeat for the fault tests (the bound they check); a long one otherwise, so
 # that a worker starved of CPU on a loaded 2-core machine is not declared dead.
-INFO = towers.init_workers(heartbeat_seconds=3.0 if sys.argv[1] in ("kill", "stop") else 30.0)
+INFO = towers.init_workers(
+    heartbeat_seconds=3.0 if sys.argv[1] in ("kill", "stop", "v1kill") else 30.0
+)
 
 
 def _build():
@@ -50,8 +54,9 @@ def step_sizes(mode, sizes, i):
     return sizes
 
 
-def main_v1(out, sizes, steps=10):
-    """The "train" mode in a v1 graph, run by a session on this worker's server."""
+def main_v1(out, sizes, steps=10, kill=False):
+    """The "train" mode in a v1 graph, run by a session on this worker's server; with
+    `kill`, worker 1 kills itself after one step (as the "kill" mode)."""
     devices = towers.list_devices()
     batches = [_my_part(test_util.batch(sum(sizes), seed=i), sizes) for i in range(steps)]
     with tf.Graph().as_default():
@@ -70,9 +75,11 @@ def main_v1(out, sizes, steps=10):
         with tf.compat.v1.Session(INFO.target, config=towers.session_config()) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(broadcast)
-            for batch in batches:
+            for i, batch in enumerate(batches):
                 flat = [t.numpy() for t in tf.nest.flatten(batch)]
                 sess.run(loss, dict(zip(tf.nest.flatten(feeds), flat)))
+                if kill and i == 0 and INFO.index == 1:
+                    _fault(out, signal.SIGKILL)
             with towers.CheckpointManager(out, replicas, session=sess) as manager:
                 written = manager.save(steps)  # every worker calls it; the chief alone writes
             assert bool(written) == INFO.is_chief, written
@@ -100,9 +107,16 @@ def main_batch_norm(out, sizes, steps=3):
     towers.barrier("end")
 
 
+def _fault(out, signum):
+    """Writes the time of the fault to OUT.fault, then kills or freezes this process."""
+    with open(f"{out}.fault", "w") as f:
+        f.write(str(time.time()))
+    os.kill(os.getpid(), signum)
+
+
 def main(mode, out, sizes):
-    if mode == "v1":
-        return main_v1(out, sizes)
+    if mode in ("v1", "v1kill"):
+        return main_v1(out, sizes, steps=10 if mode == "v1" else 1000, kill=mode == "v1kill")
     if mode == "batch_norm":
         return main_batch_norm(out, sizes)
     devices = towers.list_devices()
@@ -125,9 +139,7 @@ def main(mode, out, sizes):
             traced = step.experimental_get_tracing_count()
         step(_my_part(test_util.batch(sum(now), seed=i), now))
         if mode in ("kill", "stop") and i == 0 and INFO.index == 1:
-            with open(f"{out}.fault", "w") as f:
-                f.write(str(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+            _fault(out, signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
     towers.check_replicas_identical(replicas)
     if mode == "checkpoint":  # every worker calls it; the chief alone writes
         with towers.CheckpointManager(out, replicas, optimizer) as manager:

@@ -225,17 +225,19 @@ class AloneTest(tf.test.TestCase):
 
 
 class FailureTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters("kill", "stop")
-    def test_a_dead_or_frozen_worker_is_an_error_on_the_others(self, mode):
-        """Worker 1 of 3 is SIGKILLed or SIGSTOPped after a step; the others fail in time."""
+    @parameterized.parameters(("kill", 3), ("stop", 3), ("v1kill", 2))
+    def test_a_dead_or_frozen_worker_is_an_error_on_the_others(self, mode, n):
+        """Worker 1 is SIGKILLed or SIGSTOPped after a step (of tf.function, or of a v1
+        session); the others fail in time."""
         path = os.path.join(self.get_temp_dir(), mode)
-        processes = _start_workers(3, mode, path)
-        survivors = _wait([processes[0], processes[2]], timeout=60)
+        processes = _start_workers(n, mode, path)
+        others = [i for i in range(n) if i != 1]
+        survivors = _wait([processes[i] for i in others], timeout=60)
         processes[1].kill()  # a frozen worker stays frozen
         _wait([processes[1]], timeout=10)
         with open(f"{path}.fault") as f:
             fault = float(f.read())
-        for index, (code, output) in zip((0, 2), survivors):
+        for index, (code, output) in zip(others, survivors):
             self.assertNotEqual(code, 0, output[-2000:])
             with open(f"{path}.{index}.json") as f:
                 report = json.load(f)
