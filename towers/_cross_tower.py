@@ -29,7 +29,8 @@ _KEYS = "towers.cross_tower_keys"
 # the range of towers.ops' CollectiveAllReduce ([2**20, 2**31)).
 _GROUP_KEYS = range(2**19, 2**20)
 _TIMEOUT_SECONDS = 120.0
-# Group keys across workers: size-derived, below WorkersAllReduce's (2**18 + size).
+# Group keys across workers, derived from the group: in [2**17, 2**17 + 2**16), below
+# WorkersAllReduce's.
 _WORKERS_GROUP_BASE = 2**17
 
 
@@ -109,8 +110,9 @@ def _keys(tower: TowerContext, value: tf.Tensor) -> tuple[int, int, int, int]:
 
     Within one worker the group key is drawn per graph and device set, and instance keys
     count the calls. Across workers (`towers.init_workers`), the group spans every worker's
-    towers and its keys must agree without talking: the group key follows from its size,
-    and each instance key from the call's number in this trace, shape and dtype.
+    towers and its keys must agree without talking: the group key follows from its size
+    and the local devices, and each instance key from the call's number in this trace,
+    shape and dtype.
     """
     graph = outermost_graph(tf.compat.v1.get_default_graph())
     kept = graph.get_collection_ref(_KEYS)
@@ -156,8 +158,8 @@ def _all_reduce(
     in_function = tf.compat.v1.executing_eagerly_outside_functions()
     with tf.device(tower.device):
         # In tf.function the shared per-device token orders collectives; a v1 graph has no
-        # automatic ordering, so each waits for the tower's previous one (of this build only:
-        # another step of the same graph must not depend on this one).
+        # automatic ordering, so each waits for the device's previous one in the same
+        # `collective_order` block (the step's: another step must not depend on this one).
         token = [ordering_token(tower.device)] if in_function else []
         chain = None if in_function else v1_chain()  # shared with the gradient all-reduce
         if chain and tower.device in chain:  # on the input: TensorFlow 2.21 drops control

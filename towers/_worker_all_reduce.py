@@ -12,8 +12,9 @@ from towers.ops._all_reduce.collective import (
 )
 from towers.ops._tensorflow import tf
 
-# Group keys of cross-worker reductions: the same on every worker (derived, not drawn), below
-# the ranges of towers.ops' CollectiveAllReduce and of cross_tower_sum.
+# Group keys of cross-worker reductions: the same on every worker (derived, not drawn), in
+# [2**18, 2**18 + 2**17), below the ranges of towers.ops' CollectiveAllReduce and of
+# cross_tower_sum within one worker.
 _GROUP_BASE = 2**18
 # The default timeout of reductions in v1 graphs (see WorkersAllReduce), in seconds.
 V1_TIMEOUT_SECONDS = 300.0
@@ -29,12 +30,12 @@ class WorkersAllReduce(CollectiveAllReduce):
     `CollectiveReduceV2` in a group that spans the workers (every device of every worker, or
     with `local_first` each worker's first device). Keys agree across workers without
     talking: the group key follows from the group's size and the local devices' types and
-    indices, and an
-    instance key from the reduction's number within the trace, its shape and its dtype, so a
-    worker that retraces alone (a short last batch) still meets the others, and two functions
-    of one process never reuse a key at another shape (which TensorFlow's runtime refuses for
-    good). Every worker must have the same number of towers. The reductions themselves are
-    `CollectiveAllReduce`'s (ordering tokens, checks), with these keys.
+    indices, and an instance key from the reduction's number within the trace, its shape and
+    its dtype, so a worker that retraces alone (a short last batch) still meets the others,
+    and two functions of one process never reuse a key at another shape (which TensorFlow's
+    runtime refuses for good). Every worker must have the same number of towers. The
+    reductions themselves are `CollectiveAllReduce`'s (ordering tokens, checks), with these
+    keys.
 
     Hierarchical (`local_first=True`): each worker first adds its towers' values on its first
     device, the workers all-reduce those sums (one value per worker crosses the network), and
