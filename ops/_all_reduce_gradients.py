@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from towers.ops._all_reduce.base import WIRE_DTYPES, AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._all_reduce.collective import collective_order
-from towers.ops._packing import PackSpec, pack, pack_spec, unpack
+from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec, unpack
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
 from towers.ops._weighted_mean import (
@@ -158,13 +158,7 @@ def check_options(bucket_bytes: int | None, wire_dtype: tf.DType | None, sparse:
     Raises:
       ValueError: naming the option, the value received and what it may be.
     """
-    if bucket_bytes is not None and (
-        isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1
-    ):
-        raise ValueError(
-            f"`bucket_bytes` must be a positive int (bytes per bucket) or None (no packing); "
-            f"got {bucket_bytes!r}."
-        )
+    check_bucket_bytes(bucket_bytes)
     if wire_dtype not in WIRE_DTYPES:
         raise ValueError(
             f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."

@@ -3,6 +3,8 @@
 from collections.abc import Sequence
 
 from towers.ops._device_scope import device_scope
+from towers.ops._packed_average import packed_mean
+from towers.ops._packing import check_bucket_bytes
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
 from towers.ops._weighted_mean import Weight, normalized_weights, scale, weighted_sum
@@ -14,6 +16,7 @@ def average_gradients(
     weights: Sequence[Weight] | None = None,
     *,
     variables: Sequence[tf.Variable] | None = None,
+    bucket_bytes: int | None = None,
 ) -> list[Gradient]:
     """Averages the gradients of K towers, variable by variable.
 
@@ -30,6 +33,10 @@ def average_gradients(
       weights: K non-negative weights, normalized to sum to one; None for the plain mean.
       variables: The N variables, optional. When given, each average is built on its
         variable's device (reduce where the variable lives) and errors name the variable.
+      bucket_bytes: With `variables`, each tower packs its dense gradients of the variables
+        of one device into buckets of at most this many bytes, which cross to that device
+        instead of N tensors (the same values); None to send each gradient alone. Needs
+        static shapes.
 
     Returns:
       A list of N averaged gradients.
@@ -48,12 +55,33 @@ def average_gradients(
         if len(tower_grads) == 1 and weights is None
         else normalized_weights(weights, len(tower_grads), "average_gradients")
     )
+    check_bucket_bytes(bucket_bytes)
+    packed: dict[str, list[int]] = {}  # variable device -> the dense columns packed for it
     averaged = []
     for j, column in enumerate(zip(*tower_grads)):
         name = variables[j].name if variables is not None else f"#{j}"
+        if _packable(column, norm, variables, bucket_bytes) and check_column(column, name):
+            packed.setdefault(variables[j].device, []).append(j)
+            averaged.append(None)
+            continue
         with device_scope(variables[j].device if variables is not None else None):
             averaged.append(_average_one(list(column), norm, name))
+    for device, columns in packed.items():
+        per_tower = [[grads[j] for j in columns] for grads in tower_grads]
+        for j, mean in zip(columns, packed_mean(per_tower, norm, device, bucket_bytes)):
+            averaged[j] = mean
     return averaged
+
+
+def _packable(column, weights, variables, bucket_bytes) -> bool:
+    """Whether a column goes into the packed buffers: dense, static, with a known device."""
+    return (
+        bucket_bytes is not None
+        and variables is not None
+        and weights is not None
+        and len(column) > 1
+        and all(isinstance(g, tf.Tensor) and g.shape.is_fully_defined() for g in column)
+    )
 
 
 def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Gradient:

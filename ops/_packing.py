@@ -56,6 +56,21 @@ def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
 
 
 @tf.autograph.experimental.do_not_convert
+def check_bucket_bytes(bucket_bytes: int | None) -> None:
+    """Checks a `bucket_bytes` option: a positive int, or None for no packing.
+
+    Raises:
+      ValueError: naming the option and the value received.
+    """
+    if bucket_bytes is not None and (
+        isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1
+    ):
+        raise ValueError(
+            f"`bucket_bytes` must be a positive int (bytes per bucket) or None (no packing); "
+            f"got {bucket_bytes!r}."
+        )
+
+
 def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     """Flattens and concatenates the tensors of each bucket: one 1-D tensor per bucket.
 

@@ -11,6 +11,7 @@ from towers._tower_context import TowerContext
 from towers._variable_names import Copies, names_of, without_tower_scope
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
 from towers._workers import current_workers
+from towers.ops._packing import check_bucket_bytes
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
 from towers.ops._weighted_mean import Weight
@@ -32,10 +33,14 @@ class ParameterServer(VariableStrategy):
 
     Args:
       devices: One device name, or a list of them to spread variables over.
+      bucket_bytes: Each tower sends its dense gradients to a variable device in packed
+        buffers of at most this many bytes (`ops.average_gradients(bucket_bytes=)`); None
+        to send each gradient alone.
 
     Raises:
-      ValueError: if `devices` is empty or a name does not parse; when towers are built (TF2),
-        if a device does not exist in this process.
+      ValueError: if `devices` is empty or a name does not parse, or `bucket_bytes` is not a
+        positive int or None; when towers are built (TF2), if a device does not exist in
+        this process.
 
     Example:
       >>> strategy = towers.ParameterServer(devices=towers.list_devices())
@@ -43,7 +48,9 @@ class ParameterServer(VariableStrategy):
       ...                   variable_strategy=strategy)
     """
 
-    def __init__(self, devices: str | Sequence[str] = "/cpu:0"):
+    def __init__(self, devices: str | Sequence[str] = "/cpu:0", *, bucket_bytes: int | None = None):
+        check_bucket_bytes(bucket_bytes)
+        self.bucket_bytes = bucket_bytes
         one = isinstance(devices, (str, tf.DeviceSpec, tf.config.LogicalDevice))
         names = [canonical_device(devices)] if one else device_list(devices)
         if not names:
@@ -121,7 +128,9 @@ class ParameterServer(VariableStrategy):
                 "all-reduce spans every worker's devices."
             )
         variables = trainable_list(model)
-        grads = ops.average_gradients(tower_grads, weights=weights, variables=variables)
+        grads = ops.average_gradients(
+            tower_grads, weights=weights, variables=variables, bucket_bytes=self.bucket_bytes
+        )
         return [ReducedGradients(grads, variables)]
 
     def variable_copies(self, model: Any) -> Copies:

@@ -32,6 +32,54 @@ class AverageGradientsTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(isinstance(got, tf.IndexedSlices), var.name.startswith("embedding"))
             test_util.assert_allclose(test_util.dense(got), test_util.dense(want))
 
+    @parameterized.product(k=[2, 3, 8], bucket_bytes=[64, 4 << 20])
+    def test_packed_equals_unpacked(self, k, bucket_bytes):
+        """Towers send packed buffers per variable device: the same values, in fewer tensors."""
+        model = test_util.Model()
+        full = test_util.batch(11)
+        expected, variables = test_util.reference_gradients(model, full)
+        devices = test_util.devices(k)
+
+        @tf.function
+        def average(batch, packed):
+            tower_grads = []
+            for shard, device in zip(ops.split_batch(batch, k), devices):
+                with tf.device(device), tf.GradientTape() as tape:
+                    loss, _ = test_util.loss_fn(model)(shard)
+                    tower_grads.append(tape.gradient(loss, variables))
+            return ops.average_gradients(
+                tower_grads, ops.shard_sizes(batch, k), variables=variables,
+                bucket_bytes=bucket_bytes if packed else None,
+            )  # fmt: skip
+
+        packed, plain = average(full, True), average(full, False)
+        for got, same, want, var in zip(packed, plain, expected, variables):
+            if var.name.startswith("unused"):
+                self.assertIsNone(got)
+                continue
+            self.assertEqual(isinstance(got, tf.IndexedSlices), var.name.startswith("embedding"))
+            # The same operations, at other offsets: AddN may round the last bit otherwise.
+            test_util.assert_allclose(test_util.dense(got), test_util.dense(same), rtol=1e-6)
+            test_util.assert_allclose(test_util.dense(got), test_util.dense(want))
+        graph = average.get_concrete_function(full, True).graph
+        concats = [op for op in graph.get_operations() if op.type == "ConcatV2"]
+        towers_packing = {test_util.local_device(op.device) for op in concats}
+        self.assertTrue(set(devices[1:]) <= towers_packing, towers_packing)  # on each tower
+
+    def test_packed_half_precision_and_bad_bucket_bytes(self):
+        with tf.device("/cpu:2"):
+            var = tf.Variable(tf.zeros([2], tf.float16))
+        grads = [
+            [tf.constant([60000.0, 1.0], tf.float16)],
+            [tf.constant([60000.0, 2.0], tf.float16)],
+        ]
+        got = ops.average_gradients(grads, [1, 1], variables=[var], bucket_bytes=1024)[0]
+        self.assertEqual(got.dtype, tf.float16)
+        self.assertAllClose(tf.cast(got, tf.float32), [60000.0, 1.5], rtol=1e-2)
+        for bad in (0, -1, 1.5, True, "4MB"):
+            with self.assertRaisesRegex(ValueError, "`bucket_bytes` must be a positive int"):
+                ops.average_gradients(grads, variables=[var], bucket_bytes=bad)
+
     def test_plain_mean(self):
         grads = [[tf.constant([1.0, 2.0])], [tf.constant([3.0, 6.0])]]
         self.assertAllClose(ops.average_gradients(grads)[0], [2.0, 4.0])

@@ -14,10 +14,12 @@ CONFIGURATIONS = {
     "hand-written towers",
     "mirrored strategy",
     "towers ps",
+    "towers ps packed",
     "towers replicated ring",
     "towers replicated collective",
     "hand-written towers (v1 session)",
     "towers ps (v1 session)",
+    "towers ps packed (v1 session)",
     "towers replicated ring (v1 session)",
     "towers replicated collective (v1 session)",
 }

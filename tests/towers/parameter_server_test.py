@@ -61,9 +61,38 @@ class ParameterServerTest(tf.test.TestCase):
             )
         self.assertEqual(model.variables, ())  # nothing was created on CPU:0 instead
 
+    def test_packed_gradients_train_like_one_device(self):
+        """Variables spread over two devices; each tower packs its gradients per device."""
+        devices = test_util.devices(3)
+        model = test_util.Model()  # its variables are made in the first tower, spread
+        strategy = towers.ParameterServer(["/cpu:6", "/cpu:7"], bucket_bytes=256)
+        reference = test_util.built_model()
+        reference_step = test_util.reference_step(
+            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
+        )
+        optimizer = towers.SGD(0.1, momentum=0.9)
+
+        @tf.function
+        def step(batch):
+            loss_fn = lambda b: test_util.loss_fn(model)(b)  # noqa: E731
+            return towers.train_step(
+                loss_fn, model, optimizer, batch, devices, variable_strategy=strategy
+            )
+
+        for i in range(5):
+            step(test_util.batch(11, seed=i))
+            reference_step(test_util.batch(11, seed=i))
+        self.assertLen({v.device for v in model.variables}, 2)
+        mine, theirs = towers.named_variables(model), towers.named_variables(reference)
+        self.assertEqual(sorted(mine), sorted(theirs))
+        for name, var in mine.items():
+            test_util.assert_allclose(var, theirs[name], rtol=1e-5, atol=1e-6)
+
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"at least one device; got \[\]"):
             towers.ParameterServer([])
+        with self.assertRaisesRegex(ValueError, "`bucket_bytes` must be a positive int"):
+            towers.ParameterServer(bucket_bytes=0)
 
 
 if __name__ == "__main__":

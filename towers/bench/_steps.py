@@ -111,13 +111,18 @@ def hand_written(model_name: str, devices: list[str], optimizer: str = "sgd") ->
     return step
 
 
-def towers_parameter_server(model_name: str, devices: list[str], optimizer: str = "sgd") -> Step:
-    """`towers.train_step` with the model's variables on the CPU."""
+def towers_parameter_server(
+    model_name: str, devices: list[str], optimizer: str = "sgd", bucket_bytes: int | None = None
+) -> Step:
+    """`towers.train_step` with the model's variables on the CPU (gradients packed or not)."""
     with tf.device("/cpu:0"):
         model = MODELS[model_name]()
     optimizer = towers_optimizer(optimizer)
     loss_fn = functools.partial(mean_loss, model)
-    return lambda batch: towers.train_step(loss_fn, model, optimizer, batch, devices)[0]
+    strategy = towers.ParameterServer("/cpu:0", bucket_bytes=bucket_bytes)
+    return lambda batch: towers.train_step(
+        loss_fn, model, optimizer, batch, devices, variable_strategy=strategy
+    )[0]
 
 
 def towers_replicated(
@@ -232,6 +237,9 @@ def configurations(
         "one device": functools.partial(one_device, optimizer=optimizer),
         "hand-written towers": functools.partial(hand_written, optimizer=optimizer),
         "towers ps": functools.partial(towers_parameter_server, optimizer=optimizer),
+        "towers ps packed": functools.partial(
+            towers_parameter_server, optimizer=optimizer, bucket_bytes=bucket_bytes or 4 << 20
+        ),
     }
     steps = {label: in_function(body) for label, body in bodies.items()}
     if strategy is not None and optimizer == "sgd":
