@@ -353,6 +353,20 @@ class PackagingTest(tf.test.TestCase):
                 out = _run_script(directory, script)
                 self.assertEqual(out.split(), [f"users-{layout}", "towers.ops", "[2,", "3]"])
 
+    def test_a_source_checkout_imports_its_own_ops(self):
+        """`python -m towers.launch` in the repository's root imports the checkout's towers,
+        whose `ops` is the root's (installing puts it in the package)."""
+        site_packages = os.path.dirname(os.path.dirname(tf.__file__))
+        env = {**os.environ, "PYTHONPATH": site_packages, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        code = "import towers; print(towers.__file__, towers.ops.__file__)"
+        done = subprocess.run(  # -S: no site, so no editable-install finder either
+            [sys.executable, "-S", "-c", code],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        package, package_ops = (pathlib.Path(p).resolve() for p in done.stdout.split())
+        self.assertEqual((package.parent, package_ops.parent), (ROOT / "towers", ROOT / "ops"))
+
     def test_ops_imports_nothing_else_of_towers(self):
         for path in _python_files("towers.ops"):
             for module in _imported_modules(path):

@@ -15,7 +15,8 @@ number of towers.
 """
 
 from towers import (
-    ops,  # first: gives the one clear message when TensorFlow is missing
+    _source_checkout,  # noqa: F401  (first: where `towers.ops` is)
+    ops,  # then: gives the one clear message when TensorFlow is missing
     schedules,
 )
 from towers._accumulator import GradientAccumulator
