@@ -11,12 +11,12 @@ def packed_mean(
 ) -> list[tf.Tensor]:
     """The weighted mean of K towers' dense gradients of N variables living on `device`.
 
-    Each tower packs its N gradients into buckets of at most `bucket_bytes` on its own
-    device (scaled by its weight there when weights differ), so a few buffers per tower
-    cross to `device` instead of N; `device` adds the K buckets, multiplies once when
-    weights are equal, and unpacks. Elementwise the same operations as averaging gradient by
-    gradient (sums in float32 for half precision); the results agree to the last bit or so
-    (TensorFlow's AddN may round differently at other offsets of a buffer).
+    Each tower packs its N gradients, as they are (half precision stays half), into buckets
+    of at most `bucket_bytes` on its own device, so a few buffers per tower cross to `device`
+    instead of N. `device` widens them (float32 for half precision), weights them (once per
+    bucket when weights are equal, per tower otherwise), adds them and unpacks: elementwise
+    the operations of averaging gradient by gradient; the results agree to the last bit or
+    so (TensorFlow's AddN may round differently at other offsets of a buffer).
 
     Args:
       per_tower: K lists of N dense gradients with static shapes, list i on tower i.
@@ -27,18 +27,21 @@ def packed_mean(
     Returns:
       N averaged gradients, built on `device`, in the gradients' dtypes.
     """
-    wide = [accumulation_dtype(g.dtype) for g in per_tower[0]]
-    equal = equal_weights(weights)
+    dtypes = [g.dtype for g in per_tower[0]]
+    spec = pack_spec(per_tower[0], bucket_bytes)
     packed = []
-    for grads, weight in zip(per_tower, weights):
-        with device_scope(grads[0].device):
-            cast = [tf.cast(g, d) for g, d in zip(grads, wide)]
-            if not packed:
-                spec = pack_spec(cast, bucket_bytes)
-            buckets = pack(cast, spec)
-            packed.append(buckets if equal else [b * tf.cast(weight, b.dtype) for b in buckets])
+    for grads in per_tower:
+        with device_scope(grads[0].device or device):  # on the tower, when it says where
+            packed.append(pack([tf.cast(g, d) for g, d in zip(grads, dtypes)], spec))
+    equal = equal_weights(weights)
     with device_scope(device):
-        sums = [tf.add_n(list(bucket)) for bucket in zip(*packed)]
-        if equal:
-            sums = [s * tf.cast(weights[0], s.dtype) for s in sums]
-        return [tf.cast(g, t.dtype) for g, t in zip(unpack(sums, spec), per_tower[0])]
+        sums = []
+        for bucket in zip(*packed):
+            wide = accumulation_dtype(bucket[0].dtype)
+            if equal:
+                total = tf.add_n([tf.cast(b, wide) for b in bucket])
+                sums.append(total * tf.cast(weights[0], wide))
+            else:
+                scaled = [tf.cast(b, wide) * tf.cast(w, wide) for b, w in zip(bucket, weights)]
+                sums.append(tf.add_n(scaled))
+        return [tf.cast(g, d) for g, d in zip(unpack(sums, spec), dtypes)]

@@ -55,7 +55,6 @@ def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
     return PackSpec(tuple(sorted(buckets)), tuple(t.shape for t in tensors))
 
 
-@tf.autograph.experimental.do_not_convert
 def check_bucket_bytes(bucket_bytes: int | None) -> None:
     """Checks a `bucket_bytes` option: a positive int, or None for no packing.
 
@@ -71,6 +70,7 @@ def check_bucket_bytes(bucket_bytes: int | None) -> None:
         )
 
 
+@tf.autograph.experimental.do_not_convert
 def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     """Flattens and concatenates the tensors of each bucket: one 1-D tensor per bucket.
 

@@ -2,6 +2,7 @@
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import os
 import pathlib
@@ -358,14 +359,24 @@ class PackagingTest(tf.test.TestCase):
         whose `ops` is the root's (installing puts it in the package)."""
         site_packages = os.path.dirname(os.path.dirname(tf.__file__))
         env = {**os.environ, "PYTHONPATH": site_packages, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        code = "import towers; print(towers.__file__, towers.ops.__file__)"
+        env.pop("PYTHONSAFEPATH", None)  # the root must come first on sys.path, as with -m
+        code = (
+            "import importlib.util, towers\n"
+            "print(importlib.util.find_spec('towers.tests'))\n"
+            "print(towers.__file__)\nprint(towers.ops.__file__)\n"
+        )
         done = subprocess.run(  # -S: no site, so no editable-install finder either
             [sys.executable, "-S", "-c", code],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         self.assertEqual(done.returncode, 0, done.stderr[-2000:])
-        package, package_ops = (pathlib.Path(p).resolve() for p in done.stdout.split())
+        lines = done.stdout.strip().splitlines()
+        self.assertEqual(lines[-3], "None")  # the root's other folders stay out of the package
+        package, package_ops = (pathlib.Path(p).resolve() for p in lines[-2:])
         self.assertEqual((package.parent, package_ops.parent), (ROOT / "towers", ROOT / "ops"))
+        # Nothing else of the root becomes part of the package, there or here.
+        for name in ("towers.tests", "towers.setup", "towers.examples"):
+            self.assertIsNone(importlib.util.find_spec(name), name)
 
     def test_ops_imports_nothing_else_of_towers(self):
         for path in _python_files("towers.ops"):

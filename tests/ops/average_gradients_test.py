@@ -66,6 +66,46 @@ class AverageGradientsTest(tf.test.TestCase, parameterized.TestCase):
         towers_packing = {test_util.local_device(op.device) for op in concats}
         self.assertTrue(set(devices[1:]) <= towers_packing, towers_packing)  # on each tower
 
+    def test_packed_half_precision_crosses_as_half_and_sums_on_the_variable_device(self):
+        with tf.device("/cpu:3"):
+            var = tf.Variable(tf.zeros([2], tf.float16))
+            other = tf.Variable(tf.zeros([3]))
+
+        @tf.function
+        def average(a, b):
+            grads = []
+            for value, device in ((a, "/cpu:1"), (b, "/cpu:2")):
+                with tf.device(device):
+                    grads.append([value * 2.0, tf.ones([3])])
+            grads.append([a, tf.ones([3])])  # a tower that names no device: packs on CPU:3
+            return ops.average_gradients(grads, [1, 2, 1], variables=[var, other], bucket_bytes=64)
+
+        spec = tf.TensorSpec([2], tf.float16)
+        graph = average.get_concrete_function(spec, spec).graph
+        ops_on = {}
+        for op in graph.get_operations():
+            ops_on.setdefault(test_util.local_device(op.device), []).append(op)
+        widened = [  # float16 made float32: only where the sum is, after crossing
+            device
+            for device, found in ops_on.items()
+            for op in found
+            if op.type == "Cast" and op.inputs[0].dtype == tf.float16
+        ]
+        self.assertEqual(set(widened), {"/device:CPU:3"})
+        crossing = {
+            test_util.local_device(op.inputs[0].op.device)
+            for op in ops_on["/device:CPU:3"]
+            if op.type == "Cast" and op.inputs[0].dtype == tf.float16
+        }
+        self.assertTrue({"/device:CPU:1", "/device:CPU:2"} <= crossing, crossing)
+        adds = {
+            test_util.local_device(op.device) for op in graph.get_operations() if op.type == "AddN"
+        }
+        self.assertEqual(adds, {"/device:CPU:3"})
+        got = average(tf.constant([1.0, 2.0], tf.float16), tf.constant([3.0, 4.0], tf.float16))
+        self.assertAllClose(tf.cast(got[0], tf.float32), [(2 + 12 + 1) / 4, (4 + 16 + 2) / 4])
+        self.assertAllClose(got[1], [1.0, 1.0, 1.0])
+
     def test_packed_half_precision_and_bad_bucket_bytes(self):
         with tf.device("/cpu:2"):
             var = tf.Variable(tf.zeros([2], tf.float16))
