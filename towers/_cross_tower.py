@@ -9,17 +9,11 @@ spans every worker's towers.
 """
 
 import random
-import zlib
 
 from towers._tower_context import TowerContext, current_tower
-from towers._worker_all_reduce import V1_TIMEOUT_SECONDS, workers_group_key
+from towers._worker_all_reduce import WorkersAllReduce, derived_key, workers_group_key
 from towers._workers import current_workers
-from towers.ops._all_reduce.collective import (
-    CollectiveAllReduce,
-    ordering_token,
-    outermost_graph,
-    v1_chain,
-)
+from towers.ops._all_reduce.collective import CollectiveAllReduce, outermost_graph, reduce_on
 from towers.ops._tensorflow import tf
 
 # Graph collection holding, for the outermost graph being built, the group key of each
@@ -125,16 +119,12 @@ def _keys(tower: TowerContext, value: tf.Tensor) -> tuple[int, int, int, int]:
     workers = current_workers().num_workers
     if workers > 1:
         size = tower.num_towers * workers
-        keys = [_derived(f"{n}:{way}:{value.shape}:{value.dtype.name}") for way in "fb"]
+        signature = f"cross_tower:{n}:{{}}:{value.shape}:{value.dtype.name}"
+        keys = [derived_key(signature.format(way)) for way in "fb"]
         return size, workers_group_key(_WORKERS_GROUP_BASE, members, size), keys[0], keys[1]
     if members not in state["groups"]:
         state["groups"][members] = random.SystemRandom().choice(_GROUP_KEYS)
     return tower.num_towers, state["groups"][members], 2 * n + 1, 2 * n + 2
-
-
-def _derived(signature: str) -> int:
-    """An instance key every worker derives alike from `signature`, in [1, 2**31)."""
-    return 1 + zlib.crc32(f"cross_tower:{signature}".encode()) % (2**31 - 1)
 
 
 def _timeout(tower: TowerContext) -> float:
@@ -146,35 +136,13 @@ def _timeout(tower: TowerContext) -> float:
     if current_workers().num_workers == 1:
         return _TIMEOUT_SECONDS
     algorithm = getattr(tower.variable_strategy, "algorithm", None)
-    if isinstance(algorithm, CollectiveAllReduce):
-        return algorithm.timeout()
-    return 0.0 if tf.compat.v1.executing_eagerly_outside_functions() else V1_TIMEOUT_SECONDS
+    if not isinstance(algorithm, CollectiveAllReduce):
+        algorithm = WorkersAllReduce()  # its default
+    return algorithm.timeout()
 
 
 def _all_reduce(
     value: tf.Tensor, tower: TowerContext, size: int, group: int, instance: int
 ) -> tf.Tensor:
-    """One tower's `CollectiveReduceV2`, ordered after the device's previous collectives."""
-    in_function = tf.compat.v1.executing_eagerly_outside_functions()
-    with tf.device(tower.device):
-        # In tf.function the shared per-device token orders collectives; a v1 graph has no
-        # automatic ordering, so each waits for the device's previous one in the same
-        # `collective_order` block (the step's: another step must not depend on this one).
-        token = [ordering_token(tower.device)] if in_function else []
-        chain = None if in_function else v1_chain()  # shared with the gradient all-reduce
-        if chain and tower.device in chain:  # on the input: TensorFlow 2.21 drops control
-            with tf.control_dependencies([chain[tower.device]]):  # inputs of a collective op
-                value = tf.identity(value)
-        summed = tf.raw_ops.CollectiveReduceV2(
-            input=value,
-            group_size=size,
-            group_key=group,
-            instance_key=instance,
-            ordering_token=token,
-            merge_op="Add",
-            final_op="Id",
-            timeout_seconds=_timeout(tower),
-        )
-        if chain is not None:
-            chain[tower.device] = summed.op
-    return summed
+    """This tower's half of one exchange, on its device, in its device's collective order."""
+    return reduce_on(tower.device, value, size, group, instance, _timeout(tower))

@@ -3,7 +3,7 @@
 import zlib
 
 from towers._workers import current_workers
-from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._all_reduce.base import AllReduce, spread, sum_on
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._all_reduce.collective import (
     CollectiveAllReduce,
@@ -81,19 +81,9 @@ class WorkersAllReduce(CollectiveAllReduce):
         """Across workers, after a local sum when `local_first`; see `AllReduce.sum`."""
         if not self.local_first or len(set(devices)) != len(devices):
             return super().sum(values, devices, wire_dtype)  # which refuses repeated devices
-        dtype = values[0].dtype
-        sent = []
-        for value, device in zip(values, devices):
-            with tf.device(device):
-                sent.append(to_wire(value, wire_dtype))
-        with tf.device(devices[0]):
-            local = to_wire(tf.add_n([tf.cast(v, dtype) for v in sent]), wire_dtype)
+        local = sum_on(devices[0], values, devices, wire_dtype)
         (total,) = super().sum([local], devices[:1], wire_dtype)
-        out = []
-        for device in devices:
-            with tf.device(device):
-                out.append(tf.cast(tf.identity(total), dtype))
-        return out
+        return spread(total, devices[0], devices, values[0].dtype, wire_dtype)
 
 
 def algorithm_for_workers(all_reduce: str | AllReduce) -> AllReduce:
@@ -162,13 +152,19 @@ def workers_group_key(base: int, devices: list[str], size: int) -> int:
 def _instance_key(value: tf.Tensor) -> int:
     """The next reduction's key in this trace, the same on every worker.
 
-    Its number in the trace, shape and dtype, hashed with crc32 (Python's hash is salted per
-    process) into [1, 2**31).
+    From its number in the trace, shape and dtype.
     """
     graph = outermost_graph(tf.compat.v1.get_default_graph())
     kept = graph.get_collection_ref(_CALLS)
     if not kept:
         kept.append([0])
     kept[0][0] += 1
-    signature = f"{kept[0][0]}:{value.shape}:{value.dtype.name}".encode()
-    return 1 + zlib.crc32(signature) % (2**31 - 1)
+    return derived_key(f"{kept[0][0]}:{value.shape}:{value.dtype.name}")
+
+
+def derived_key(signature: str) -> int:
+    """An instance key every worker derives alike from `signature`, in [1, 2**31).
+
+    crc32, since Python's own hash is salted per process.
+    """
+    return 1 + zlib.crc32(signature.encode()) % (2**31 - 1)

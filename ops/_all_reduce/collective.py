@@ -130,29 +130,13 @@ class CollectiveAllReduce(AllReduce):
                 f"{devices}. Reduce values of one device first, or use 'ring'."
             )
         size, group, instance = self.keys(values[0], devices)
-        in_function = tf.compat.v1.executing_eagerly_outside_functions()
-        chain = None if in_function else v1_chain()
         out = []
         for value, device in zip(values, devices):
-            previous = [] if chain is None or device not in chain else [chain[device]]
+            summed = reduce_on(
+                device, to_wire(value, wire_dtype), size, group, instance, self.timeout()
+            )
             with tf.device(device):
-                sent = to_wire(value, wire_dtype)
-                if previous:  # the order rides on the input: TensorFlow 2.21 drops control
-                    with tf.control_dependencies(previous):  # inputs of a collective op
-                        sent = tf.identity(sent)
-                summed = tf.raw_ops.CollectiveReduceV2(
-                    input=sent,
-                    group_size=size,
-                    group_key=group,
-                    instance_key=instance,
-                    ordering_token=[ordering_token(device)] if in_function else [],
-                    merge_op="Add",
-                    final_op="Id",
-                    timeout_seconds=self.timeout(),
-                )
                 out.append(tf.cast(summed, value.dtype))
-            if chain is not None:
-                chain[device] = summed.op
         return out
 
     def timeout(self) -> float:
@@ -162,6 +146,47 @@ class CollectiveAllReduce(AllReduce):
           `timeout_seconds`, or 0 when it is None.
         """
         return self.timeout_seconds or 0.0
+
+
+def reduce_on(
+    device: str, value: tf.Tensor, size: int, group: int, instance: int, timeout: float
+) -> tf.Tensor:
+    """`device`'s `CollectiveReduceV2` (a sum) of `value`, after the device's previous one.
+
+    Inside `tf.function` the device's ordering token orders it; in a v1 graph it waits for
+    the device's previous collective of the open `collective_order` block (or the graph's),
+    through its input: TensorFlow 2.21 drops control inputs given to a collective op.
+
+    Args:
+      device: The device it runs on.
+      value: This device's value.
+      size: The group's size.
+      group: The group key.
+      instance: The instance key.
+      timeout: Seconds to wait for the group; 0 for ever.
+
+    Returns:
+      The sum, on `device`.
+    """
+    in_function = tf.compat.v1.executing_eagerly_outside_functions()
+    chain = None if in_function else v1_chain()
+    with tf.device(device):
+        if chain and device in chain:
+            with tf.control_dependencies([chain[device]]):
+                value = tf.identity(value)
+        summed = tf.raw_ops.CollectiveReduceV2(
+            input=value,
+            group_size=size,
+            group_key=group,
+            instance_key=instance,
+            ordering_token=[ordering_token(device)] if in_function else [],
+            merge_op="Add",
+            final_op="Id",
+            timeout_seconds=timeout,
+        )
+    if chain is not None:
+        chain[device] = summed.op
+    return summed
 
 
 @contextlib.contextmanager

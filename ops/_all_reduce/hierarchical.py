@@ -1,6 +1,6 @@
 """Hierarchical all-reduce: sum within groups of devices, all-reduce across their leaders."""
 
-from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._all_reduce.base import AllReduce, spread, sum_on
 from towers.ops._tensorflow import tf
 
 
@@ -65,24 +65,17 @@ class HierarchicalAllReduce(AllReduce):
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[tf.Tensor]:
         """Group sums on the leaders, `across` among them, copies back; see `AllReduce.sum`."""
-        dtype = values[0].dtype
         groups = self.groups(devices)
-        partial = []
-        for group in groups:
-            sent = []
-            for i in group:
-                with tf.device(devices[i]):
-                    sent.append(to_wire(values[i], wire_dtype))
-            with tf.device(devices[group[0]]):
-                partial.append(tf.add_n([tf.cast(v, dtype) for v in sent]))
         leaders = [devices[group[0]] for group in groups]
+        partial = [
+            sum_on(leader, [values[i] for i in group], [devices[i] for i in group], wire_dtype)
+            for leader, group in zip(leaders, groups)
+        ]
         if len(groups) > 1:
             partial = self.across(partial, leaders, wire_dtype=wire_dtype)
         out = [None] * len(devices)
-        for group, total in zip(groups, partial):
-            with tf.device(devices[group[0]]):
-                sent = to_wire(total, wire_dtype)
-            for i in group:
-                with tf.device(devices[i]):
-                    out[i] = tf.cast(tf.identity(sent), dtype)
+        for leader, group, total in zip(leaders, groups, partial):
+            members = [devices[i] for i in group]
+            for i, copy in zip(group, spread(total, leader, members, values[0].dtype, wire_dtype)):
+                out[i] = copy
         return out

@@ -1,6 +1,6 @@
 """All-reduce by summing on one device and copying the sum back to every device."""
 
-from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._all_reduce.base import AllReduce, spread, sum_on
 from towers.ops._tensorflow import tf
 
 
@@ -22,15 +22,6 @@ class ReduceBroadcastAllReduce(AllReduce):
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[tf.Tensor]:
         """Adds on `reduce_device`, then one copy per device; see `AllReduce.sum`."""
-        dtype = values[0].dtype
-        sent = []
-        for value, device in zip(values, devices):
-            with tf.device(device):
-                sent.append(to_wire(value, wire_dtype))
-        with tf.device(self.reduce_device or devices[0]):
-            total = to_wire(tf.add_n([tf.cast(v, dtype) for v in sent]), wire_dtype)
-        out = []
-        for device in devices:
-            with tf.device(device):
-                out.append(tf.cast(tf.identity(total), dtype))
-        return out
+        device = self.reduce_device or devices[0]
+        total = sum_on(device, values, devices, wire_dtype)
+        return spread(total, device, devices, values[0].dtype, wire_dtype)
