@@ -53,6 +53,16 @@ def step_suite_rows(models: list[str], device_counts: list[int], argv_flags: lis
     return rows
 
 
+def _run_flags() -> list[str]:
+    """The flags every worker process of the step and workers suites gets as given."""
+    return [
+        f"--models={','.join(_MODELS.value)}",
+        f"--batch_size={_BATCH.value}",
+        f"--steps={_STEPS.value}",
+        f"--warmup={_WARMUP.value}",
+    ]
+
+
 def main(argv: list[str]) -> None:
     """Runs the chosen suite and prints its table."""
     del argv
@@ -68,13 +78,7 @@ def main(argv: list[str]) -> None:
             for row in rows:
                 print(json.dumps(row), flush=True)
             return
-        passed = [
-            f"--models={','.join(_MODELS.value)}",
-            f"--batch_size={_BATCH.value}",
-            f"--steps={_STEPS.value}",
-            f"--warmup={_WARMUP.value}",
-            f"--sizes_kb={','.join(_SIZES_KB.value)}",
-        ]
+        passed = [*_run_flags(), f"--sizes_kb={','.join(_SIZES_KB.value)}"]
         per_worker = [int(d) for d in _PER_WORKER.value]
         print(_cluster.workers_table(_cluster.cluster_rows(_WORKERS.value, per_worker, passed)))
         return
@@ -103,10 +107,7 @@ def main(argv: list[str]) -> None:
             print(json.dumps(row), flush=True)
         return
     passed = [
-        f"--models={','.join(_MODELS.value)}",
-        f"--batch_size={_BATCH.value}",
-        f"--steps={_STEPS.value}",
-        f"--warmup={_WARMUP.value}",
+        *_run_flags(),
         f"--algorithms={','.join(_ALGORITHMS.value)}",
         f"--bucket_bytes={_BUCKET.value}",
         f"--optimizer={_OPTIMIZER.value}",

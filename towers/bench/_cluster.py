@@ -9,7 +9,6 @@ times its steps and its all-reduces and prints the rows.
 import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,10 +92,11 @@ def run_cluster_worker(
             towers.simulate_devices(int(devices))
         info = towers.init_workers(heartbeat_seconds=30.0)
         index, workers = info.index, info.num_workers
-        local_first = peer == "towers local_first"
-        step_of = _towers_step(towers.list_devices(), local_first)
-        reduce_of = _towers_all_reduce(towers.list_devices(), local_first)
+        local_first, here = peer == "towers local_first", towers.list_devices()
+        step_of = functools.partial(_towers_step, devices=here, local_first=local_first)
+        reduce_of = _towers_all_reduce(here, local_first)
     from towers.bench._models import MODELS, batch  # noqa: PLC0415
+    from towers.bench._worker import time_step  # noqa: PLC0415
 
     rows = []
     base = {"peer": peer, "devices_per_worker": int(devices), "workers": workers}
@@ -106,12 +106,12 @@ def run_cluster_worker(
         part = size // workers
         mine = (x[index * part : (index + 1) * part], y[index * part : (index + 1) * part])
         step = step_of(model)
-        first, median, loss = _time(functools.partial(step, mine), steps, warmup)
+        first, median, loss = time_step(step, mine, steps, warmup)
         rows.append({**base, "model": model, "batch": size, "trace_s": first,
                      "step_ms": median * 1e3, "loss": loss})  # fmt: skip
     for kb in sizes_kb:
         reduce = reduce_of(kb * 256)  # float32 elements
-        _, median, _ = _time(reduce, steps, warmup)
+        _, median, _ = time_step(reduce, None, steps, warmup)
         rows.append({**base, "model": "all-reduce", "kb": kb, "step_ms": median * 1e3,
                      "mb_per_s": kb / 1024 / median})  # fmt: skip
     if peer != "multi_worker_mirrored":
@@ -119,39 +119,15 @@ def run_cluster_worker(
     return rows if index == 0 else []
 
 
-def _time(call, steps: int, warmup: int) -> tuple[float, float, float]:
-    """(first-call seconds, median seconds, last result as a float)."""
-    began = time.perf_counter()
-    result = float(call())
-    first = time.perf_counter() - began
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(steps):
-        began = time.perf_counter()
-        result = float(call())
-        times.append(time.perf_counter() - began)
-    return first, statistics.median(times), result
-
-
-def _towers_step(devices: list[str], local_first: bool):
-    import tensorflow as tf  # noqa: PLC0415
-
+def _towers_step(model_name: str, devices: list[str], local_first: bool):
+    """The bench's replicated towers step, its all-reduce spanning the workers."""
     import towers  # noqa: PLC0415
-    from towers.bench._models import MODELS, mean_loss  # noqa: PLC0415
-    from towers.bench._steps import LEARNING_RATE  # noqa: PLC0415
+    from towers.bench._steps import in_function, towers_replicated  # noqa: PLC0415
 
-    def step_of(model_name):
-        algorithm = towers.WorkersAllReduce(local_first=local_first)
-        replicas = towers.Replicated(MODELS[model_name], devices, all_reduce=algorithm)
-        optimizer = towers.SGD(LEARNING_RATE)
-        return tf.function(
-            lambda b: towers.train_step(
-                lambda s: mean_loss(replicas.local(), s), replicas, optimizer, b, devices
-            )[0]
-        )
-
-    return step_of
+    algorithm = towers.WorkersAllReduce(local_first=local_first)
+    return in_function(functools.partial(towers_replicated, algorithm=algorithm))(
+        model_name, devices
+    )
 
 
 def _towers_all_reduce(devices: list[str], local_first: bool):
@@ -167,7 +143,8 @@ def _towers_all_reduce(devices: list[str], local_first: bool):
                 values.append(tf.Variable(tf.fill([elements], float(i))))
 
         @tf.function
-        def reduce():
+        def reduce(unused):  # time_step's data: none here
+            del unused
             out = algorithm([v.read_value() for v in values], devices)
             return tf.add_n([o[0] for o in out])
 
@@ -179,26 +156,10 @@ def _towers_all_reduce(devices: list[str], local_first: bool):
 def _mirrored_step(strategy):
     import tensorflow as tf  # noqa: PLC0415
 
-    from towers.bench._models import MODELS, mean_loss  # noqa: PLC0415
-    from towers.bench._steps import LEARNING_RATE  # noqa: PLC0415
+    from towers.bench._steps import mirrored_replica_step  # noqa: PLC0415
 
     def step_of(model_name):
-        with strategy.scope():
-            model = MODELS[model_name]()
-
-        def apply(distribution, grads):
-            for var, grad in zip(model.trainable_variables, grads):
-                distribution.extended.update(
-                    var, lambda v, g: v.assign_sub(LEARNING_RATE * g), args=(grad,)
-                )
-
-        def replica_step(shard):
-            with tf.GradientTape() as tape:
-                loss = mean_loss(model, shard)
-            grads = tape.gradient(loss, model.trainable_variables)
-            context = tf.distribute.get_replica_context()
-            context.merge_call(apply, args=(context.all_reduce("mean", grads),))
-            return loss
+        replica_step = mirrored_replica_step(model_name, strategy)
 
         @tf.function
         def step(shard):  # one replica per worker: the worker's part is its replica's shard
@@ -218,7 +179,8 @@ def _mirrored_all_reduce(strategy):
             value = tf.Variable(tf.fill([elements], 1.0))
 
         @tf.function
-        def reduce():
+        def reduce(unused):  # time_step's data: none here
+            del unused
             out = strategy.run(
                 lambda: tf.distribute.get_replica_context().all_reduce("sum", value.read_value())
             )

@@ -128,7 +128,7 @@ def towers_parameter_server(
 def towers_replicated(
     model_name: str,
     devices: list[str],
-    algorithm: str,
+    algorithm: str | towers.ops.AllReduce,
     bucket_bytes: int | None = 4 * 2**20,
     optimizer: str = "sgd",
 ) -> Step:
@@ -148,15 +148,13 @@ def towers_replicated(
     return lambda batch: towers.train_step(loss_fn, replicas, optimizer, batch, devices)[0]
 
 
-def mirrored(model_name: str, devices: list[str], strategy: tf.distribute.Strategy) -> Step:
-    """`tf.distribute.MirroredStrategy` in a custom loop: what a peer would write instead.
+def mirrored_replica_step(model_name: str, strategy: tf.distribute.Strategy) -> Step:
+    """A `tf.distribute` replica's step by hand: its gradients all-reduced, plain SGD.
 
-    One strategy serves every model of a process: two MirroredStrategy objects on the same
-    devices reuse the same collective keys and their all-reduces collide.
+    The model is built in `strategy.scope()`; run the step with `strategy.run`.
     """
     with strategy.scope():
         model = MODELS[model_name]()
-    k = len(devices)
 
     def apply(distribution, grads):
         for var, grad in zip(model.trainable_variables, grads):
@@ -169,9 +167,20 @@ def mirrored(model_name: str, devices: list[str], strategy: tf.distribute.Strate
             loss = mean_loss(model, shard)
         grads = tape.gradient(loss, model.trainable_variables)
         context = tf.distribute.get_replica_context()
-        grads = context.all_reduce("mean", grads)
-        context.merge_call(apply, args=(grads,))
+        context.merge_call(apply, args=(context.all_reduce("mean", grads),))
         return loss
+
+    return replica_step
+
+
+def mirrored(model_name: str, devices: list[str], strategy: tf.distribute.Strategy) -> Step:
+    """`tf.distribute.MirroredStrategy` in a custom loop: what a peer would write instead.
+
+    One strategy serves every model of a process: two MirroredStrategy objects on the same
+    devices reuse the same collective keys and their all-reduces collide.
+    """
+    replica_step = mirrored_replica_step(model_name, strategy)
+    k = len(devices)
 
     @tf.function
     def step(batch):

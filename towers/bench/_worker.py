@@ -42,7 +42,7 @@ def run_worker(
         compared = configurations(algorithms, bucket_bytes, strategy, optimizer, numpy_data)
         for label, build in compared.items():
             step = build(model, devices)
-            trace, seconds, loss = _time(step, data, steps, warmup)
+            trace, seconds, loss = time_step(step, data, steps, warmup)
             rows.append(
                 {
                     "model": model,
@@ -59,7 +59,7 @@ def run_worker(
     return rows
 
 
-def _time(step, data, steps: int, warmup: int) -> tuple[float, float, float]:
+def time_step(step, data, steps: int, warmup: int) -> tuple[float, float, float]:
     """(first-call seconds, median step seconds, the last step's loss)."""
     began = time.perf_counter()
     loss = float(step(data))
