@@ -81,16 +81,18 @@ def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     Returns:
       One flat tensor per bucket; the inverse of `unpack`.
     """
-    flat = [_flat(t) for t in tensors]
+    flat_shape = None  # one shape constant for every reshape (one op each, not two)
+    flat = []
+    for tensor in tensors:
+        if tensor.shape.rank != 1:  # a vector is already flat: no op
+            if flat_shape is None:
+                flat_shape = tf.constant([-1], tf.int32)
+            tensor = tf.raw_ops.Reshape(tensor=tensor, shape=flat_shape)
+        flat.append(tensor)
     return [
         tf.concat([flat[i] for i in members], axis=0) if len(members) > 1 else flat[members[0]]
         for members in spec.buckets
     ]
-
-
-def _flat(tensor: tf.Tensor) -> tf.Tensor:
-    # A vector is already flat: no Reshape op (packing must not cost more than it saves).
-    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
 
 
 @tf.autograph.experimental.do_not_convert

@@ -16,6 +16,8 @@ from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient
 from towers.ops._weighted_mean import Weight
 
+BUCKET_BYTES = 64 << 10  # pack the small gradients; a large one costs a transfer anyway
+
 
 class ParameterServer(VariableStrategy):
     """One copy of each variable, on parameter devices; every tower reads that copy.
@@ -34,8 +36,10 @@ class ParameterServer(VariableStrategy):
     Args:
       devices: One device name, or a list of them to spread variables over.
       bucket_bytes: Each tower sends its dense gradients to a variable device in packed
-        buffers of at most this many bytes (`ops.average_gradients(bucket_bytes=)`); None
-        to send each gradient alone.
+        buffers of at most this many bytes (`ops.average_gradients(bucket_bytes=)`); a
+        gradient larger than that crosses alone. The default, 64 KiB, packs what is small:
+        a model of many small variables sends a few buffers per tower instead of one
+        tensor per variable. None sends each gradient alone.
 
     Raises:
       ValueError: if `devices` is empty or a name does not parse, or `bucket_bytes` is not a
@@ -48,7 +52,9 @@ class ParameterServer(VariableStrategy):
       ...                   variable_strategy=strategy)
     """
 
-    def __init__(self, devices: str | Sequence[str] = "/cpu:0", *, bucket_bytes: int | None = None):
+    def __init__(
+        self, devices: str | Sequence[str] = "/cpu:0", *, bucket_bytes: int | None = BUCKET_BYTES
+    ):
         check_bucket_bytes(bucket_bytes)
         self.bucket_bytes = bucket_bytes
         one = isinstance(devices, (str, tf.DeviceSpec, tf.config.LogicalDevice))

@@ -7,19 +7,19 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tests import test_util
-from towers.bench import _cluster, _tables
+from towers.bench import _cluster, _tables, _worker
 
 CONFIGURATIONS = {
     "one device",
     "hand-written towers",
     "mirrored strategy",
     "towers ps",
-    "towers ps packed",
+    "towers ps unpacked",
     "towers replicated ring",
     "towers replicated collective",
     "hand-written towers (v1 session)",
     "towers ps (v1 session)",
-    "towers ps packed (v1 session)",
+    "towers ps unpacked (v1 session)",
     "towers replicated ring (v1 session)",
     "towers replicated collective (v1 session)",
 }
@@ -74,11 +74,8 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
                 "loss",
             ],
         )
-        rows = [
-            dict(zip(header, _cells(line)))
-            for line in lines[1:]
-            if line.strip() and _cells(line)[0] == "mlp"
-        ]
+        step_lines = lines[1 : lines.index("")]  # the targets' table follows a blank line
+        rows = [dict(zip(header, _cells(line))) for line in step_lines if _cells(line)[0] == "mlp"]
         expected = CONFIGURATIONS - ({"mirrored strategy"} if optimizer != "sgd" else set())
         self.assertLen(rows, len(expected))  # one row each, none twice
         by_config = {row["configuration"]: row for row in rows}
@@ -105,6 +102,74 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(by_config["towers replicated ring"]["all-reduces"], "1")  # one bucket
         self.assertEqual(by_config["towers replicated ring (v1 session)"]["all-reduces"], "1")
         self.assertEqual(by_config["towers ps"]["all-reduces"], "-")
+        # The targets: towers' fastest row against the hand-written loop, run the same way.
+        at = next(i for i, line in enumerate(lines) if _cells(line)[:3] == ["model", "K", "run by"])
+        targets = [dict(zip(_cells(lines[at]), _cells(line))) for line in lines[at + 1 : at + 3]]
+        for target, suffix in zip(targets, ("", " (v1 session)")):
+            self.assertEqual(target["run by"], "v1 session" if suffix else "tf.function")
+            ours = {
+                name: float(row["step ms"])
+                for name, row in by_config.items()
+                if name.startswith("towers ") and name.endswith(suffix)
+                if suffix or not name.endswith(")")
+            }
+            best = min(ours, key=ours.get)
+            self.assertEqual("towers " + target["towers' best"] + suffix, best)
+            hand = float(by_config["hand-written towers" + suffix]["step ms"])
+            self.assertAllClose(float(target["ratio"]), ours[best] / hand, rtol=0.02, atol=0.01)
+            self.assertEqual(target["<= 0.9"], "yes" if float(target["ratio"]) <= 0.9 else "no")
+            trace = float(by_config["towers ps" + suffix]["trace s"])
+            trace /= float(by_config["hand-written towers" + suffix]["trace s"])
+            self.assertAllClose(float(target["trace ratio (ps)"]), trace, rtol=0.05, atol=0.01)
+
+    def test_interleaved_timing_runs_each_step_alike_in_rotating_order(self):
+        calls = []
+
+        def step_of(label, loss):
+            def step(data):
+                calls.append(label)
+                return loss + data
+
+            return step
+
+        steps = {name: step_of(name, loss) for name, loss in (("a", 1.0), ("b", 2.0), ("c", 3.0))}
+        timed = _worker.time_interleaved(steps, 0.5, steps=3, warmup=2)
+        self.assertEqual(calls[:9], ["a"] * 3 + ["b"] * 3 + ["c"] * 3)  # first call, warm-up
+        self.assertEqual(calls[9:], ["a", "b", "c", "b", "c", "a", "c", "a", "b"])
+        losses = {label: t[2] for label, t in timed.items()}
+        self.assertEqual(losses, {"a": 1.5, "b": 2.5, "c": 3.5})
+        for first, median, _ in timed.values():
+            self.assertGreater(first, 0)
+            self.assertGreater(median, 0)
+
+    def test_the_profile_suite_splits_op_time_at_the_towers(self):
+        out = test_util.run_python(
+            "import runpy, sys\n"
+            "sys.argv = ['towers.bench', '--suite=profile', '--models=mlp', '--towers=2', "
+            "'--steps=1', '--warmup=0', '--algorithms=ring', '--batch_size=64']\n"
+            "runpy.run_module('towers.bench', run_name='__main__')\n",
+            timeout=300,
+        )
+        lines = out.splitlines()
+        header = _cells(lines[0])
+        self.assertEqual(
+            header[:7],
+            ["model", "K", "configuration", "step ms"] + ["towers op ms", "rest op ms", "rest %"],
+        )
+        rows = {_cells(line)[2]: dict(zip(header, _cells(line))) for line in lines[1:5]}
+        self.assertEqual(
+            set(rows),
+            {"hand-written towers", "towers ps", "towers ps unpacked", "towers replicated ring"},
+        )
+        for row in rows.values():
+            inside, rest = float(row["towers op ms"]), float(row["rest op ms"])
+            self.assertGreater(inside, 0)
+            self.assertGreater(rest, 0)
+            self.assertAllClose(
+                float(row["rest %"]), 100 * rest / (inside + rest), rtol=0.02, atol=0.1
+            )
+        # The hand-written update is outside the towers; its kernel is named there.
+        self.assertIn("ResourceApplyGradientDescent", rows["hand-written towers"][header[7]])
 
     def test_import_defines_no_flags_and_towers_does_not_import_it(self):
         code = (

@@ -88,6 +88,51 @@ class ParameterServerTest(tf.test.TestCase):
         for name, var in mine.items():
             test_util.assert_allclose(var, theirs[name], rtol=1e-5, atol=1e-6)
 
+    def test_by_default_small_gradients_cross_packed_and_a_large_one_alone(self):
+        """20 small gradients per tower reach the variables' device in one buffer, not 20."""
+
+        class Wide(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.biases = [tf.Variable(tf.zeros([4]), name=f"b{i}") for i in range(20)]
+                self.kernel = tf.Variable(tf.ones([4, 5000]) * 1e-3, name="kernel")  # 80 KB
+
+            def __call__(self, x):
+                for b in self.biases:
+                    x = tf.tanh(x + b)
+                return tf.reduce_mean(tf.matmul(x, self.kernel) ** 2)
+
+        towers_ = test_util.devices(5)[1:]
+
+        def crossings(strategy):
+            model = Wide()
+
+            @tf.function
+            def step(x):
+                return towers.train_step(
+                    lambda shard: model(shard[0]),
+                    model,
+                    towers.SGD(0.1),
+                    (x,),
+                    towers_,
+                    variable_strategy=strategy,
+                )[0]
+
+            graph = step.get_concrete_function(tf.TensorSpec([8, 4])).graph
+            count = 0
+            for op in graph.get_operations():
+                if test_util.local_device(op.device) != "/device:CPU:0":
+                    continue
+                count += sum(
+                    test_util.local_device(t.op.device) in towers_
+                    for t in op.inputs
+                    if t.dtype == tf.float32 and t.shape.rank  # gradients, not the losses
+                )
+            return count
+
+        self.assertEqual(crossings(towers.ParameterServer()), 4 * 2)  # 1 buffer + the kernel
+        self.assertEqual(crossings(towers.ParameterServer(bucket_bytes=None)), 4 * 21)
+
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"at least one device; got \[\]"):
             towers.ParameterServer([])

@@ -9,10 +9,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from towers.bench import _cluster, _memory, _tables, _worker  # noqa: E402
+from towers.bench import _cluster, _memory, _profile, _tables, _worker  # noqa: E402
 
 _SUITE = flags.DEFINE_enum(
-    "suite", "step", ["step", "weights", "memory", "workers"], "What to measure."
+    "suite", "step", ["step", "profile", "weights", "memory", "workers"], "What to measure."
 )
 _MODELS = flags.DEFINE_list("models", ["mlp", "cnn", "many_small"], "Models (step suite).")
 _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
@@ -102,8 +102,10 @@ def main(argv: list[str]) -> None:
         bucket_bytes=_BUCKET.value or None,
         optimizer=_OPTIMIZER.value,
     )
+    profile = _SUITE.value == "profile"
     if _WORKER.value:
-        for row in _worker.run_worker(_WORKER.value, **settings):
+        run = _profile.profile_rows if profile else _worker.run_worker
+        for row in run(_WORKER.value, **settings):
             print(json.dumps(row), flush=True)
         return
     passed = [
@@ -111,9 +113,15 @@ def main(argv: list[str]) -> None:
         f"--algorithms={','.join(_ALGORITHMS.value)}",
         f"--bucket_bytes={_BUCKET.value}",
         f"--optimizer={_OPTIMIZER.value}",
+        f"--suite={_SUITE.value}",
     ]
     rows = step_suite_rows(_MODELS.value, [int(t) for t in _TOWERS.value], passed)
+    if profile:
+        print(_profile.profile_table(rows))
+        return
     print(_tables.step_table(rows))
+    print()
+    print(_tables.targets_table(rows))
 
 
 if __name__ == "__main__":

@@ -112,14 +112,18 @@ def hand_written(model_name: str, devices: list[str], optimizer: str = "sgd") ->
 
 
 def towers_parameter_server(
-    model_name: str, devices: list[str], optimizer: str = "sgd", bucket_bytes: int | None = None
+    model_name: str, devices: list[str], optimizer: str = "sgd", packed: bool = True
 ) -> Step:
-    """`towers.train_step` with the model's variables on the CPU (gradients packed or not)."""
+    """`towers.train_step` with the model's variables on the CPU (small gradients packed)."""
     with tf.device("/cpu:0"):
         model = MODELS[model_name]()
     optimizer = towers_optimizer(optimizer)
     loss_fn = functools.partial(mean_loss, model)
-    strategy = towers.ParameterServer("/cpu:0", bucket_bytes=bucket_bytes)
+    strategy = (
+        towers.ParameterServer("/cpu:0")
+        if packed
+        else towers.ParameterServer("/cpu:0", bucket_bytes=None)
+    )
     return lambda batch: towers.train_step(
         loss_fn, model, optimizer, batch, devices, variable_strategy=strategy
     )[0]
@@ -230,6 +234,25 @@ def in_session(build: Callable[..., Step], data: tuple) -> Callable[..., Step]:
     return make
 
 
+def step_bodies(
+    algorithms: list[str], bucket_bytes: int | None = 4 * 2**20, optimizer: str = "sgd"
+) -> dict[str, Callable[[str, list[str]], Step]]:
+    """The steps that build in a `tf.function` and in a v1 graph alike, by row label."""
+    bodies = {
+        "one device": functools.partial(one_device, optimizer=optimizer),
+        "hand-written towers": functools.partial(hand_written, optimizer=optimizer),
+        "towers ps": functools.partial(towers_parameter_server, optimizer=optimizer),
+        "towers ps unpacked": functools.partial(
+            towers_parameter_server, optimizer=optimizer, packed=False
+        ),
+    }
+    for algorithm in algorithms:
+        bodies[f"towers replicated {algorithm}"] = functools.partial(
+            towers_replicated, algorithm=algorithm, bucket_bytes=bucket_bytes, optimizer=optimizer
+        )
+    return bodies
+
+
 def configurations(
     algorithms: list[str],
     bucket_bytes: int | None = 4 * 2**20,
@@ -242,23 +265,10 @@ def configurations(
     MirroredStrategy's only with a `strategy` and plain SGD (its update is written inline).
     With `data` (numpy arrays), also the hand-written loop and towers in v1 sessions.
     """
-    bodies = {
-        "one device": functools.partial(one_device, optimizer=optimizer),
-        "hand-written towers": functools.partial(hand_written, optimizer=optimizer),
-        "towers ps": functools.partial(towers_parameter_server, optimizer=optimizer),
-        "towers ps packed": functools.partial(
-            towers_parameter_server, optimizer=optimizer, bucket_bytes=bucket_bytes or 4 << 20
-        ),
-    }
+    bodies = step_bodies(algorithms, bucket_bytes, optimizer)
     steps = {label: in_function(body) for label, body in bodies.items()}
     if strategy is not None and optimizer == "sgd":
         steps["mirrored strategy"] = functools.partial(mirrored, strategy=strategy)
-    for algorithm in algorithms:
-        label = f"towers replicated {algorithm}"
-        bodies[label] = functools.partial(
-            towers_replicated, algorithm=algorithm, bucket_bytes=bucket_bytes, optimizer=optimizer
-        )
-        steps[label] = in_function(bodies[label])
     if data is not None:
         for label, body in bodies.items():
             if label != "one device":

@@ -55,6 +55,70 @@ def step_table(rows: list[dict]) -> str:
     return format_table(header, lines) + "\n" + note
 
 
+HAND_WRITTEN = "hand-written towers"
+STEP_TARGET, TRACE_TARGET = 0.9, 1.1  # issue 12: towers' best / the hand-written loop's
+
+
+def targets_table(rows: list[dict]) -> str:
+    """Per model and K: towers' best step against the hand-written loop's, and trace times.
+
+    In `tf.function` and in v1 sessions alike: the fastest `towers` configuration's step time
+    divided by the hand-written tower loop's (target <= 0.9), and the first call of `towers`
+    with a parameter server divided by the hand-written loop's (target <= 1.1).
+    """
+    lines = []
+    for model, k in dict.fromkeys((r["model"], r["towers"]) for r in rows):
+        mine = [r for r in rows if (r["model"], r["towers"]) == (model, k)]
+        for suffix, way in (("", "tf.function"), (" (v1 session)", "v1 session")):
+            hand = _row(mine, HAND_WRITTEN + suffix)
+            ours = [r for r in mine if r["config"].startswith("towers ") and _way(r) == suffix]
+            if hand is None or not ours:
+                continue
+            best = min(ours, key=lambda r: r["step_ms"])
+            ratio = best["step_ms"] / hand["step_ms"]
+            trace = _row(mine, "towers ps" + suffix)
+            traced = trace["trace_s"] / hand["trace_s"] if trace else None
+            lines.append(
+                (
+                    model,
+                    k,
+                    way,
+                    hand["step_ms"],
+                    best["step_ms"],
+                    best["config"].removesuffix(suffix).removeprefix("towers "),
+                    ratio,
+                    "yes" if ratio <= STEP_TARGET else "no",
+                    traced if traced is not None else "-",
+                    "-" if traced is None else ("yes" if traced <= TRACE_TARGET else "no"),
+                )
+            )
+    header = [
+        "model",
+        "K",
+        "run by",
+        "hand-written ms",
+        "towers' best ms",
+        "towers' best",
+        "ratio",
+        f"<= {STEP_TARGET}",
+        "trace ratio (ps)",
+        f"<= {TRACE_TARGET}",
+    ]
+    note = (
+        "ratio: towers' fastest configuration's step time / the hand-written loop's, run the "
+        "same way. trace ratio: first call of `towers ps` / the hand-written loop's."
+    )
+    return format_table(header, lines) + "\n" + note
+
+
+def _row(rows: list[dict], config: str) -> dict | None:
+    return next((r for r in rows if r["config"] == config), None)
+
+
+def _way(row: dict) -> str:
+    return " (v1 session)" if row["config"].endswith(" (v1 session)") else ""
+
+
 def weights_table(megabytes: int, num_variables: int, repeats: int, directory: str) -> list:
     """Rows of (format, MB on disk, median save s, median restore s, MB/s save, MB/s restore)."""
     per_variable = megabytes * 2**20 // 4 // num_variables

@@ -2,6 +2,7 @@
 
 import statistics
 import time
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -40,9 +41,8 @@ def run_worker(
         data = batch(MODELS[model], size)
         numpy_data = tuple(t.numpy() for t in data)
         compared = configurations(algorithms, bucket_bytes, strategy, optimizer, numpy_data)
-        for label, build in compared.items():
-            step = build(model, devices)
-            trace, seconds, loss = time_step(step, data, steps, warmup)
+        built = {label: build(model, devices) for label, build in compared.items()}
+        for label, (trace, seconds, loss) in time_interleaved(built, data, steps, warmup).items():
             rows.append(
                 {
                     "model": model,
@@ -57,6 +57,39 @@ def run_worker(
                 }
             )
     return rows
+
+
+def time_interleaved(
+    steps_by_label: dict[str, Callable], data, steps: int, warmup: int
+) -> dict[str, tuple[float, float, float]]:
+    """`time_step` for several steps at once, their timed steps interleaved.
+
+    Each step is first called (its trace time) and warmed up in turn. Then each of `steps`
+    rounds times one call of every step, the order rotated by one each round, so a shared
+    machine's slow spells fall on every configuration alike and the ratios between the
+    medians hold within one run. Every step runs `1 + warmup + steps` times.
+
+    Returns:
+      Label -> (first-call seconds, median step seconds, the last step's loss).
+    """
+    labels = list(steps_by_label)
+    first, losses = {}, {}
+    for label in labels:
+        began = time.perf_counter()
+        losses[label] = float(steps_by_label[label](data))
+        first[label] = time.perf_counter() - began
+        for _ in range(warmup):
+            losses[label] = float(steps_by_label[label](data))
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for round_ in range(steps):
+        shift = round_ % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            began = time.perf_counter()
+            losses[label] = float(steps_by_label[label](data))
+            times[label].append(time.perf_counter() - began)
+    return {
+        label: (first[label], statistics.median(times[label]), losses[label]) for label in labels
+    }
 
 
 def time_step(step, data, steps: int, warmup: int) -> tuple[float, float, float]:
