@@ -52,18 +52,13 @@ class WorkersAllReduce(CollectiveAllReduce):
     """
 
     name = "workers"
+    v1_timeout_seconds = V1_TIMEOUT_SECONDS
 
     def __init__(self, timeout_seconds: float | None = None, *, local_first: bool = True):
         super().__init__(timeout_seconds)
         if not isinstance(local_first, bool):
             raise TypeError(f"`local_first` must be a bool; got {type(local_first).__name__}.")
         self.local_first = local_first
-
-    def timeout(self) -> float:
-        """`timeout_seconds`; when None, 0 (none) in `tf.function`, 300 s in a v1 graph."""
-        if self.timeout_seconds is not None:
-            return self.timeout_seconds
-        return 0.0 if tf.compat.v1.executing_eagerly_outside_functions() else V1_TIMEOUT_SECONDS
 
     def group_size(self, num_values: int) -> int:
         """Every worker's devices: `num_values` local ones times the number of workers."""

@@ -280,6 +280,31 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         mine = ops.CollectiveAllReduce(timeout_seconds=5)
         self.assertIs(ops.all_reduce_algorithm(mine), mine)
 
+    def test_timeouts_none_in_functions_a_bound_in_v1_graphs_unless_given(self):
+        devices = test_util.devices(2)
+
+        def timeouts(algorithm, v1):
+            if v1:
+                with tf.Graph().as_default() as graph:
+                    placed = []
+                    for device in devices:
+                        with tf.device(device):
+                            placed.append(tf.constant([1.0]))
+                    algorithm(placed, devices)
+            else:
+                graph, _ = _graph(algorithm, devices, tf.TensorSpec([2]))
+            return {
+                op.get_attr("timeout_seconds")
+                for op in graph.get_operations()
+                if op.type == "CollectiveReduceV2"
+            }
+
+        self.assertEqual(timeouts(ops.CollectiveAllReduce(), v1=False), {0.0})
+        self.assertEqual(timeouts(ops.CollectiveAllReduce(), v1=True), {120.0})
+        self.assertEqual(timeouts(ops.CollectiveAllReduce(7), v1=False), {7.0})
+        self.assertEqual(timeouts(ops.CollectiveAllReduce(7), v1=True), {7.0})
+        self.assertEqual(timeouts(towers.WorkersAllReduce(), v1=True), {300.0})
+
     def test_two_instances_on_the_same_devices_do_not_mix(self):
         """Each reduces other shapes; keys shared between them would collide at run time."""
         devices = test_util.devices(4)
