@@ -22,7 +22,8 @@ class PackSpec:
 def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
     """Groups tensors, in order, into buckets of one dtype and at most `bucket_bytes` each.
 
-    A tensor larger than `bucket_bytes` gets a bucket of its own.
+    A tensor larger than `bucket_bytes` gets a bucket of its own; the bucket open before it
+    stays open for the tensors after it.
 
     Args:
       tensors: Tensors with fully defined shapes.
@@ -46,6 +47,9 @@ def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
                 "bucket_bytes=None to reduce tensors one by one."
             )
         size = tensor.shape.num_elements() * tensor.dtype.size
+        if size > bucket_bytes:  # alone, and the small ones around it still share one
+            buckets.append((i,))
+            continue
         members, used = open_buckets.get(tensor.dtype, ([], 0))
         if members and used + size > bucket_bytes:
             buckets.append(tuple(members))

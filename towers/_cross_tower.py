@@ -22,7 +22,6 @@ _KEYS = "towers.cross_tower_keys"
 # Random group keys come from here: above the small ones tf.distribute counts from 1, below
 # the range of towers.ops' CollectiveAllReduce ([2**20, 2**31)).
 _GROUP_KEYS = range(2**19, 2**20)
-_TIMEOUT_SECONDS = 120.0
 # Group keys across workers, derived from the group: in [2**17, 2**17 + 2**16), below
 # WorkersAllReduce's.
 _WORKERS_GROUP_BASE = 2**17
@@ -128,16 +127,16 @@ def _keys(tower: TowerContext, value: tf.Tensor) -> tuple[int, int, int, int]:
 
 
 def _timeout(tower: TowerContext) -> float:
-    """The exchange's timeout in seconds (0: none).
+    """The exchange's timeout in seconds (0: none): that of the strategy's all-reduce.
 
-    Across workers, that of the strategy's all-reduce (`WorkersAllReduce(timeout_seconds=)`:
-    none inside tf.function by default, where heartbeats report a dead worker).
+    `CollectiveAllReduce`'s rule when it has none of that kind: no timeout inside
+    `tf.function` (in-process, or across workers, whose heartbeats report a dead one), a
+    bound in v1 graphs (`WorkersAllReduce(timeout_seconds=)` sets it across workers).
     """
-    if current_workers().num_workers == 1:
-        return _TIMEOUT_SECONDS
     algorithm = getattr(tower.variable_strategy, "algorithm", None)
     if not isinstance(algorithm, CollectiveAllReduce):
-        algorithm = WorkersAllReduce()  # its default
+        several = current_workers().num_workers > 1
+        algorithm = WorkersAllReduce() if several else CollectiveAllReduce()
     return algorithm.timeout()
 
 

@@ -45,13 +45,14 @@ class CollectiveAllReduce(AllReduce):
     session that fetches some devices' results only would wait for ever, gets 120 s.
 
     Args:
-      timeout_seconds: How long a collective may wait for its peers before failing; None
-        (the default) for none in `tf.function` and `v1_timeout_seconds` in a v1 graph.
+      timeout_seconds: How long a collective may wait for its peers before failing; 0 to
+        wait for ever, in functions and v1 graphs alike; None (the default) for no timeout
+        in `tf.function` and `v1_timeout_seconds` in a v1 graph.
       group_key: The group key of the first device set this instance reduces over (the next
         sets get `group_key + 1`, ...), in [2**20, 2**31); None to draw keys at random.
 
     Raises:
-      ValueError: if `timeout_seconds` is not positive or `group_key` is out of range.
+      ValueError: if `timeout_seconds` is negative or `group_key` is out of range.
     """
 
     name = "collective"
@@ -61,10 +62,10 @@ class CollectiveAllReduce(AllReduce):
         if timeout_seconds is not None and (
             isinstance(timeout_seconds, bool)
             or not isinstance(timeout_seconds, (int, float))
-            or timeout_seconds <= 0
+            or timeout_seconds < 0
         ):
             raise ValueError(
-                f"`timeout_seconds` must be positive or None; got {timeout_seconds!r}."
+                f"`timeout_seconds` must be >= 0 (0: no timeout) or None; got {timeout_seconds!r}."
             )
         if group_key is not None and (
             isinstance(group_key, bool)

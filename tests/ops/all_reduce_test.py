@@ -303,6 +303,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(timeouts(ops.CollectiveAllReduce(), v1=True), {120.0})
         self.assertEqual(timeouts(ops.CollectiveAllReduce(7), v1=False), {7.0})
         self.assertEqual(timeouts(ops.CollectiveAllReduce(7), v1=True), {7.0})
+        self.assertEqual(timeouts(ops.CollectiveAllReduce(0), v1=True), {0.0})  # never
         self.assertEqual(timeouts(towers.WorkersAllReduce(), v1=True), {300.0})
 
     def test_two_instances_on_the_same_devices_do_not_mix(self):
@@ -349,9 +350,9 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, "a name from .* or an ops.AllReduce; got int"):
             ops.all_reduce_algorithm(3)
         with self.assertRaisesRegex(
-            ValueError, "`timeout_seconds` must be positive or None; got 0"
+            ValueError, r"`timeout_seconds` must be >= 0 \(0: no timeout\) or None; got -1"
         ):
-            ops.CollectiveAllReduce(timeout_seconds=0)
+            ops.CollectiveAllReduce(timeout_seconds=-1)
         for key in (-1, 0, 2**19, 2**31, True, 1.5):
             with self.assertRaisesRegex(
                 ValueError, r"`group_key` must be an int in \[2\*\*20, 2\*\*31\)"

@@ -16,6 +16,11 @@ class PackingTest(tf.test.TestCase):
         spec = ops.pack_spec(tensors, bucket_bytes=160)  # 40 float32 values
         self.assertEqual(spec.buckets, ((0, 1), (2,), (3,), (4,)))
 
+    def test_a_large_tensor_alone_leaves_the_small_ones_around_it_together(self):
+        tensors = [tf.zeros([4]), tf.zeros([100]), tf.zeros([4]), tf.zeros([4])]
+        spec = ops.pack_spec(tensors, bucket_bytes=160)
+        self.assertEqual(spec.buckets, ((0, 2, 3), (1,)))
+
     def test_round_trip(self):
         rng = np.random.default_rng(0)
         shapes = [(3, 4), (5,), (2, 2, 2), (1,), (7, 1)]

@@ -187,6 +187,7 @@ class SyncTest(tf.test.TestCase, parameterized.TestCase):
             ]
         # Tower 1's exchanges (forward, then backward) each wait for the one before.
         self.assertGreaterEqual(len(collectives), 2)
+        self.assertEqual({op.get_attr("timeout_seconds") for op in collectives}, {120.0})
         for before, after in zip(collectives, collectives[1:]):
             self.assertEqual(after.inputs[0].op.control_inputs, [before])
         test_util.assert_allclose(got_loss, want_loss, rtol=1e-5)
@@ -239,6 +240,12 @@ class SyncTest(tf.test.TestCase, parameterized.TestCase):
                 device = test_util.local_device(op.device)
                 found[device] = found.get(device, 0) + 1
         self.assertEqual(found, {d: 2 for d in devices})  # forward and backward
+        timeouts = {
+            op.get_attr("timeout_seconds")
+            for op in graph.get_operations()
+            if op.type == "CollectiveReduceV2"
+        }
+        self.assertEqual(timeouts, {0.0})  # none in a function, as CollectiveAllReduce's
 
     def test_eagerly_several_towers_refuse_clearly(self):
         model = Net(True)

@@ -1,11 +1,12 @@
 import tensorflow as tf
+from absl.testing import parameterized
 
 import towers
 from tests import test_util
 from towers import ops
 
 
-class ParameterServerTest(tf.test.TestCase):
+class ParameterServerTest(tf.test.TestCase, parameterized.TestCase):
     def test_variables_live_on_the_parameter_server_not_the_tower(self):
         model = test_util.Model()
         shards = ops.split_batch(test_util.batch(6), 3)
@@ -61,11 +62,16 @@ class ParameterServerTest(tf.test.TestCase):
             )
         self.assertEqual(model.variables, ())  # nothing was created on CPU:0 instead
 
-    def test_packed_gradients_train_like_one_device(self):
+    @parameterized.parameters(256, None, "default")
+    def test_packed_or_not_gradients_train_like_one_device(self, bucket_bytes):
         """Variables spread over two devices; each tower packs its gradients per device."""
         devices = test_util.devices(3)
         model = test_util.Model()  # its variables are made in the first tower, spread
-        strategy = towers.ParameterServer(["/cpu:6", "/cpu:7"], bucket_bytes=256)
+        strategy = (
+            towers.ParameterServer(["/cpu:6", "/cpu:7"])
+            if bucket_bytes == "default"
+            else towers.ParameterServer(["/cpu:6", "/cpu:7"], bucket_bytes=bucket_bytes)
+        )
         reference = test_util.built_model()
         reference_step = test_util.reference_step(
             reference, test_util.loss_fn(reference), 0.1, momentum=0.9
@@ -89,18 +95,19 @@ class ParameterServerTest(tf.test.TestCase):
             test_util.assert_allclose(var, theirs[name], rtol=1e-5, atol=1e-6)
 
     def test_by_default_small_gradients_cross_packed_and_a_large_one_alone(self):
-        """20 small gradients per tower reach the variables' device in one buffer, not 20."""
+        """21 small gradients per tower reach the variables' device in one buffer, not 21."""
 
         class Wide(tf.Module):
             def __init__(self):
                 super().__init__()
                 self.biases = [tf.Variable(tf.zeros([4]), name=f"b{i}") for i in range(20)]
                 self.kernel = tf.Variable(tf.ones([4, 5000]) * 1e-3, name="kernel")  # 80 KB
+                self.scale = tf.Variable([1.0], name="scale")  # after the kernel, packed too
 
             def __call__(self, x):
                 for b in self.biases:
                     x = tf.tanh(x + b)
-                return tf.reduce_mean(tf.matmul(x, self.kernel) ** 2)
+                return tf.reduce_mean(tf.matmul(x, self.kernel) ** 2 * self.scale)
 
         towers_ = test_util.devices(5)[1:]
 
@@ -131,7 +138,7 @@ class ParameterServerTest(tf.test.TestCase):
             return count
 
         self.assertEqual(crossings(towers.ParameterServer()), 4 * 2)  # 1 buffer + the kernel
-        self.assertEqual(crossings(towers.ParameterServer(bucket_bytes=None)), 4 * 21)
+        self.assertEqual(crossings(towers.ParameterServer(bucket_bytes=None)), 4 * 22)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"at least one device; got \[\]"):

@@ -28,7 +28,9 @@ _OPTIMIZER = flags.DEFINE_enum(
 _MICRO = flags.DEFINE_list(
     "micro_batches", ["1", "4"], "Micro-batches to compare (memory suite, first of --towers)."
 )
-_BUCKET = flags.DEFINE_integer("bucket_bytes", 4 * 2**20, "Packing bucket; 0 for no packing.")
+_BUCKET = flags.DEFINE_integer(
+    "bucket_bytes", 4 * 2**20, "Replicated rows' packing bucket; 0 for none (ps rows: both ways)."
+)
 _WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
 _WEIGHTS_MB = flags.DEFINE_integer("weights_mb", 100, "Size of the weights (weights suite).")
 _NUM_VARIABLES = flags.DEFINE_integer("num_variables", 20, "Variables the weights are split in.")

@@ -1,11 +1,15 @@
 """Where a step's time goes: op time inside the towers' forward and backward, and the rest.
 
 Each configuration runs in a v1 `Session` with a full trace, which records every op's run
-time per device. Ops in a tower's name scope (`tower_<i>/`) or in the tape's
-(`gradient_tape/`) are the towers' forward and backward, the same ops in every
-configuration; the rest is the input split, the gradient reduction, the checks and the
-update: all that a way of training on towers can change. If the rest is 3% of the op time,
-no reduction scheme makes that step 10% faster.
+time per device. Ops in a tower's name scope (`tower_<i>/`, or `gradient_tape/` for a
+tape's gradients built outside any) are the towers' forward and backward: the same ops in
+every configuration of a model. Transfers and collectives are counted apart ("waits"):
+their recorded time includes waiting for a producer or for peers. The rest is the input
+split, the gradient reduction, the checks and the update: what a way of training on
+towers changes. The rest's op time and op count bound what any reduction scheme can save,
+up to the executor's own work per op, which the trace leaves out. On GPUs only the
+executor's entries are read (launch time on the host; kernel times are in per-stream
+entries, left out).
 """
 
 import collections
@@ -21,6 +25,7 @@ from towers.bench._tables import format_table
 from towers.bench._worker import DEFAULT_BATCH
 
 TOWER_SCOPES = ("tower_", "gradient_tape/")
+WAITS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "CollectiveReduceV2", "NcclAllReduce")
 TRACED_STEPS = 5
 
 
@@ -59,57 +64,67 @@ def profile_rows(
                     began = time.perf_counter()
                     session.run(loss)
                     times.append(time.perf_counter() - began)
-                towers_us, rest_us, rest_ops = _op_time(session, loss)
+                traced = _op_time(session, loss)
             rows.append(
                 {
                     "model": model,
                     "towers": num_devices,
                     "config": label,
                     "step_ms": statistics.median(times) * 1e3,
-                    "towers_ms": towers_us / 1e3,
-                    "rest_ms": rest_us / 1e3,
-                    "rest_top": ", ".join(f"{t} {n:.0f}" for t, n in rest_ops.most_common(4)),
+                    **traced,
                 }
             )
     return rows
 
 
-def _op_time(session: tf.compat.v1.Session, loss: tf.Tensor) -> tuple:
-    """Mean op microseconds per step inside and outside the towers, the rest's op types."""
+def _op_time(session: tf.compat.v1.Session, loss: tf.Tensor) -> dict:
+    """Op ms per step in the towers, in waits and in the rest (medians), the rest's ops."""
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    inside = outside = 0
+    per_step = {"towers_ms": [], "waits_ms": [], "rest_ms": [], "rest_ops": []}
     types: collections.Counter = collections.Counter()
     for _ in range(TRACED_STEPS):
         metadata = tf.compat.v1.RunMetadata()
         session.run(loss, options=options, run_metadata=metadata)
+        step = collections.Counter()
         for device in metadata.step_stats.dev_stats:
+            if "/stream:" in device.device or device.device.endswith(("/memcpy", "/sync")):
+                continue
             for node in device.node_stats:
-                micros = node.op_end_rel_micros
-                if node.node_name.startswith(TOWER_SCOPES):
-                    inside += micros
-                    continue
-                outside += micros
+                ms = (node.op_end_rel_micros - node.op_start_rel_micros) / 1e3
                 label = node.timeline_label
-                kind = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else "other"
-                types[kind] += micros / TRACED_STEPS
-    return inside / TRACED_STEPS, outside / TRACED_STEPS, types
+                kind = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else "?"
+                if kind in WAITS:
+                    step["waits_ms"] += ms
+                elif node.node_name.startswith(TOWER_SCOPES):
+                    step["towers_ms"] += ms
+                else:
+                    step["rest_ms"] += ms
+                    step["rest_ops"] += 1
+                    types[kind] += ms * 1e3 / TRACED_STEPS
+        for key, values in per_step.items():
+            values.append(step[key])
+    found = {key: float(statistics.median(values)) for key, values in per_step.items()}
+    found["rest_top"] = ", ".join(f"{t} {us:.0f}" for t, us in types.most_common(4))
+    return found
 
 
 def profile_table(rows: list[dict]) -> str:
-    """The rows as a table: op time per step inside and outside the towers."""
-    header = ["model", "K", "configuration", "step ms", "towers op ms", "rest op ms", "rest %"]
-    header.append("rest's largest op types (op us per step)")
+    """The rows as a table: op time per step inside the towers, in waits, and the rest."""
+    header = ["model", "K", "configuration", "step ms", "towers op ms", "waits op ms"]
+    header += ["rest op ms", "rest %", "rest ops", "rest's largest op types (op us per step)"]
     lines = []
     for r in rows:
         total = r["towers_ms"] + r["rest_ms"]
         rest_share = 100 * r["rest_ms"] / total if total else 0.0
         lines.append(
-            (r["model"], r["towers"], r["config"], r["step_ms"], r["towers_ms"], r["rest_ms"])
-            + (rest_share, r["rest_top"] or "-")
+            (r["model"], r["towers"], r["config"], r["step_ms"], r["towers_ms"], r["waits_ms"])
+            + (r["rest_ms"], rest_share, f"{r['rest_ops']:.0f}", r["rest_top"] or "-")
         )
     note = (
-        "v1 sessions, full traces of 5 steps. towers op ms: op time per step (summed over "
-        "devices) in the towers' forward and backward; rest: everything else (split, "
-        "reduction, checks, update). Op time leaves out the executor's own work per op."
+        f"v1 sessions, full traces of {TRACED_STEPS} steps (medians). Op time per step, summed "
+        "over devices: in the towers' forward and backward; in transfers and collectives "
+        "(waits: they include waiting for producers or peers); and the rest (split, "
+        "reduction, checks, update), whose share is of towers + rest. The executor's own work "
+        "per op is not in op time: the rest's op count matters as much as its time."
     )
     return format_table(header, lines) + "\n" + note

@@ -124,9 +124,13 @@ def towers_parameter_server(
         if packed
         else towers.ParameterServer("/cpu:0", bucket_bytes=None)
     )
-    return lambda batch: towers.train_step(
-        loss_fn, model, optimizer, batch, devices, variable_strategy=strategy
-    )[0]
+
+    def step(batch):  # a def like the peers' (AutoGraph parses a lambda's whole file)
+        return towers.train_step(
+            loss_fn, model, optimizer, batch, devices, variable_strategy=strategy
+        )[0]
+
+    return step
 
 
 def towers_replicated(
@@ -149,7 +153,10 @@ def towers_replicated(
     def loss_fn(shard):
         return mean_loss(replicas.local(), shard)
 
-    return lambda batch: towers.train_step(loss_fn, replicas, optimizer, batch, devices)[0]
+    def step(batch):
+        return towers.train_step(loss_fn, replicas, optimizer, batch, devices)[0]
+
+    return step
 
 
 def mirrored_replica_step(model_name: str, strategy: tf.distribute.Strategy) -> Step:

@@ -1,5 +1,6 @@
 """A benchmark worker: times every configuration on K devices in this process."""
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -65,9 +66,10 @@ def time_interleaved(
     """`time_step` for several steps at once, their timed steps interleaved.
 
     Each step is first called (its trace time) and warmed up in turn. Then each of `steps`
-    rounds times one call of every step, the order rotated by one each round, so a shared
-    machine's slow spells fall on every configuration alike and the ratios between the
-    medians hold within one run. Every step runs `1 + warmup + steps` times.
+    rounds times one call of every step, in an order shuffled anew each round (seeded), so
+    a shared machine's slow spells, and whatever one configuration leaves behind for the
+    next (caches, allocator), fall on every configuration alike. Every step runs
+    `1 + warmup + steps` times.
 
     Returns:
       Label -> (first-call seconds, median step seconds, the last step's loss).
@@ -81,9 +83,10 @@ def time_interleaved(
         for _ in range(warmup):
             losses[label] = float(steps_by_label[label](data))
     times: dict[str, list[float]] = {label: [] for label in labels}
-    for round_ in range(steps):
-        shift = round_ % len(labels)
-        for label in labels[shift:] + labels[:shift]:
+    order, shuffle = list(labels), random.Random(0).shuffle
+    for _ in range(steps):
+        shuffle(order)
+        for label in order:
             began = time.perf_counter()
             losses[label] = float(steps_by_label[label](data))
             times[label].append(time.perf_counter() - began)
