@@ -7,7 +7,8 @@ every configuration of a model. Transfers and collectives are counted apart ("wa
 their recorded time includes waiting for a producer or for peers. The rest is the input
 split, the gradient reduction, the checks and the update: what a way of training on
 towers changes. The rest's op time and op count bound what any reduction scheme can save,
-up to the executor's own work per op, which the trace leaves out. On GPUs only the
+up to the executor's own work per op, which the trace leaves out, and to transfers between
+the logical CPU devices of one process, which it does not record. On GPUs only the
 executor's entries are read (launch time on the host; kernel times are in per-stream
 entries, left out).
 """
@@ -125,6 +126,6 @@ def profile_table(rows: list[dict]) -> str:
         "over devices: in the towers' forward and backward; in transfers and collectives "
         "(waits: they include waiting for producers or peers); and the rest (split, "
         "reduction, checks, update), whose share is of towers + rest. The executor's own work "
-        "per op is not in op time: the rest's op count matters as much as its time."
+        "per op is not in op time, nor (on CPUs) are transfers between devices."
     )
     return format_table(header, lines) + "\n" + note

@@ -13,6 +13,12 @@ from towers.bench._models import MODELS, batch
 from towers.bench._steps import configurations
 
 DEFAULT_BATCH = {"mlp": 1024, "cnn": 256, "many_small": 1024}
+# The trace-time target's pair: their first calls are the median of this many fresh builds
+# (the first call of each in the timed run, then new ones, alternating), since one first
+# call swings by tens of percent with the process's one-time costs and the machine.
+TRACE_PAIR = ("hand-written towers", "towers ps")
+RETRACED = {f"{label}{way}" for label in TRACE_PAIR for way in ("", " (v1 session)")}
+TRACE_REPEATS = 3
 
 
 def run_worker(
@@ -43,7 +49,16 @@ def run_worker(
         numpy_data = tuple(t.numpy() for t in data)
         compared = configurations(algorithms, bucket_bytes, strategy, optimizer, numpy_data)
         built = {label: build(model, devices) for label, build in compared.items()}
-        for label, (trace, seconds, loss) in time_interleaved(built, data, steps, warmup).items():
+        timed = time_interleaved(built, data, steps, warmup)
+        traces = {label: [first] for label, (first, _, _) in timed.items()}
+        retraced = [label for label in compared if label in RETRACED]
+        for _ in range(TRACE_REPEATS - 1):  # fresh builds of the targets' pair, in turn
+            for label in retraced:
+                began = time.perf_counter()
+                compared[label](model, devices)(data)
+                traces[label].append(time.perf_counter() - began)
+        for label, (_, seconds, loss) in timed.items():
+            trace = statistics.median(traces[label])
             rows.append(
                 {
                     "model": model,
