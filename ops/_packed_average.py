@@ -1,9 +1,9 @@
 """The weighted mean of dense tower gradients, sent to each variable device in packed buckets."""
 
 from towers.ops._device_scope import device_scope
-from towers.ops._packing import pack, pack_spec, unpack
+from towers.ops._packing import PackSpec, pack, pack_spec, unpack
 from towers.ops._tensorflow import tf
-from towers.ops._weighted_mean import Weight, accumulation_dtype, equal_weights
+from towers.ops._weighted_mean import Weight, weighted_sum
 
 
 def packed_mean(
@@ -29,19 +29,17 @@ def packed_mean(
     """
     dtypes = [g.dtype for g in per_tower[0]]
     spec = pack_spec(per_tower[0], bucket_bytes)
+    # A gradient alone in its bucket crosses as it is: packing it would add two reshapes.
+    shared = PackSpec(tuple(b for b in spec.buckets if len(b) > 1), spec.shapes)
+    alone = [b[0] for b in spec.buckets if len(b) == 1]
     packed = []
     for grads in per_tower:
         with device_scope(grads[0].device or device):  # on the tower, when it says where
-            packed.append(pack([tf.cast(g, d) for g, d in zip(grads, dtypes)], spec))
-    equal = equal_weights(weights)
+            same = [tf.cast(g, d) for g, d in zip(grads, dtypes)]  # (no op when they agree)
+            packed.append(pack(same, shared) if shared.buckets else [])
     with device_scope(device):
-        sums = []
-        for bucket in zip(*packed):
-            wide = accumulation_dtype(bucket[0].dtype)
-            if equal:
-                total = tf.add_n([tf.cast(b, wide) for b in bucket])
-                sums.append(total * tf.cast(weights[0], wide))
-            else:
-                scaled = [tf.cast(b, wide) * tf.cast(w, wide) for b, w in zip(bucket, weights)]
-                sums.append(tf.add_n(scaled))
-        return [tf.cast(g, d) for g, d in zip(unpack(sums, spec), dtypes)]
+        sums = [weighted_sum(bucket, weights) for bucket in zip(*packed)]
+        out = unpack(sums, shared)
+        for j in alone:
+            out[j] = weighted_sum([grads[j] for grads in per_tower], weights)
+        return [tf.cast(g, d) for g, d in zip(out, dtypes)]

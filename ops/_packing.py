@@ -85,18 +85,20 @@ def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     Returns:
       One flat tensor per bucket; the inverse of `unpack`.
     """
-    flat_shape = None  # one shape constant for every reshape (one op each, not two)
-    flat = []
-    for tensor in tensors:
-        if tensor.shape.rank != 1:  # a vector is already flat: no op
-            if flat_shape is None:
-                flat_shape = tf.constant([-1], tf.int32)
-            tensor = tf.raw_ops.Reshape(tensor=tensor, shape=flat_shape)
-        flat.append(tensor)
-    return [
-        tf.concat([flat[i] for i in members], axis=0) if len(members) > 1 else flat[members[0]]
-        for members in spec.buckets
-    ]
+    flat_shape = []  # one shape constant for every reshape (one op each, not two)
+
+    def flat(tensor: tf.Tensor) -> tf.Tensor:
+        if tensor.shape.rank == 1:  # a vector is already flat: no op
+            return tensor
+        if not flat_shape:
+            flat_shape.append(tf.constant([-1], tf.int32))
+        return tf.raw_ops.Reshape(tensor=tensor, shape=flat_shape[0])
+
+    buckets = []
+    for members in spec.buckets:  # only the tensors a bucket holds
+        parts = [flat(tensors[i]) for i in members]
+        buckets.append(tf.concat(parts, axis=0) if len(parts) > 1 else parts[0])
+    return buckets
 
 
 @tf.autograph.experimental.do_not_convert

@@ -126,6 +126,12 @@ class ParameterServerTest(tf.test.TestCase, parameterized.TestCase):
                 )[0]
 
             graph = step.get_concrete_function(tf.TensorSpec([8, 4])).graph
+            flattened = [
+                op
+                for op in graph.get_operations()
+                if op.type == "Reshape" and op.inputs[0].shape == (4, 5000)
+            ]
+            self.assertEqual(flattened, [])  # the kernel's gradient crosses as it is
             count = 0
             for op in graph.get_operations():
                 if test_util.local_device(op.device) != "/device:CPU:0":
