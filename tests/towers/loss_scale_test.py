@@ -153,6 +153,39 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
         for got, want in zip(model.variables, before):
             self.assertAllEqual(got, want)
 
+    def test_raise_in_a_function_waits_for_every_gradient_and_names_the_bad_one(self):
+        """One CheckNumerics per gradient; only the last is NaN, yet nothing moves."""
+        model = _build()
+        names = [v.name for v in model.trainable_variables]
+        before = [v.numpy() for v in model.variables]
+
+        def hook(grads, variables):
+            return grads[:-1] + [grads[-1] * float("nan")]
+
+        optimizer = towers.SGD(0.1, momentum=0.9)
+
+        @tf.function
+        def step(batch, hooked):
+            return towers.train_step(
+                test_util.loss_fn(model),
+                model,
+                optimizer,
+                batch,
+                test_util.devices(2),
+                gradient_hook=hook if hooked else None,
+            )
+
+        graph = step.get_concrete_function(_batch(0), False).graph
+        kinds = [op.type for op in graph.get_operations()]
+        self.assertEqual(kinds.count("CheckNumerics"), len(names) - 1)  # not `unused`
+        self.assertNotIn("IsFinite", kinds)
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError, f"NaN or Inf; no variable .* {names[-1]}"
+        ):
+            step(_batch(0), True)
+        for got, want in zip(model.variables, before):
+            self.assertAllEqual(got, want)
+
     def test_copies_skip_alike_when_only_one_copy_is_not_finite(self):
         devices = test_util.devices(2)
         replicas = towers.Replicated(_build, devices)
