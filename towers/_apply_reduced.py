@@ -89,12 +89,10 @@ def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) 
                 hooked_grads = hook(grads, copy.variables)
                 checks += _checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
-            if nonfinite == "raise" and not isinstance(loss_scale, LossScale):
-                checks += _raise_if_not_finite(grads, copy.variables)  # one op per gradient
-            elif nonfinite is not None:
+            if nonfinite is not None:
                 finite.append(all_finite(grads))
-                if nonfinite == "raise":
-                    checks.append(_assert_finite(finite[-1], copy.variables))
+            if nonfinite == "raise":
+                checks.append(_assert_finite(finite[-1], copy.variables))
         hooked.append(grads)
     # One verdict for all copies: a hook that treats copies differently must not split them.
     finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
@@ -180,20 +178,6 @@ def _assert_finite(finite: tf.Tensor, variables: list) -> Any:
             "steps instead."
         ],
     )
-
-
-def _raise_if_not_finite(grads: Sequence, variables: list) -> list:
-    """A `CheckNumerics` per gradient, naming its variable; the updates wait for them all."""
-    checks = []
-    for grad, var in zip(grads, variables):
-        if grad is not None:
-            values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-            message = (
-                f"A gradient holds NaN or Inf; no variable was changed. Variable: {var.name}. "
-                "Pass nonfinite='skip' (or a loss scale) to skip such steps instead"
-            )
-            checks.append(tf.debugging.check_numerics(values, message))
-    return checks
 
 
 def _applied_if(finite: tf.Tensor, apply_gradients: Callable, pairs: list) -> tf.Tensor:

@@ -153,8 +153,8 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
         for got, want in zip(model.variables, before):
             self.assertAllEqual(got, want)
 
-    def test_raise_in_a_function_waits_for_every_gradient_and_names_the_bad_one(self):
-        """One CheckNumerics per gradient; only the last is NaN, yet nothing moves."""
+    def test_raise_in_a_function_waits_for_every_gradient(self):
+        """Only the last gradient is NaN, yet no variable moves: every update waits."""
         model = _build()
         names = [v.name for v in model.trainable_variables]
         before = [v.numpy() for v in model.variables]
@@ -175,12 +175,8 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
                 gradient_hook=hook if hooked else None,
             )
 
-        graph = step.get_concrete_function(_batch(0), False).graph
-        kinds = [op.type for op in graph.get_operations()]
-        self.assertEqual(kinds.count("CheckNumerics"), len(names) - 1)  # not `unused`
-        self.assertNotIn("IsFinite", kinds)
         with self.assertRaisesRegex(
-            tf.errors.InvalidArgumentError, f"NaN or Inf; no variable .* {names[-1]}"
+            tf.errors.InvalidArgumentError, f"(?s)NaN or Inf; no variable .* {names[-1]}"
         ):
             step(_batch(0), True)
         for got, want in zip(model.variables, before):
