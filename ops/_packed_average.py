@@ -1,5 +1,7 @@
 """The weighted mean of dense tower gradients, sent to each variable device in packed buckets."""
 
+import collections
+
 from towers.ops._device_scope import device_scope
 from towers.ops._packing import PackSpec, pack, pack_spec, unpack
 from towers.ops._tensorflow import tf
@@ -34,7 +36,7 @@ def packed_mean(
     alone = [b[0] for b in spec.buckets if len(b) == 1]
     packed = []
     for grads in per_tower:
-        with device_scope(grads[0].device or device):  # on the tower, when it says where
+        with device_scope(_tower_device(grads) or device):  # on the tower, when it says where
             same = [tf.cast(g, d) for g, d in zip(grads, dtypes)]  # (no op when they agree)
             packed.append(pack(same, shared) if shared.buckets else [])
     with device_scope(device):
@@ -43,3 +45,9 @@ def packed_mean(
         for j in alone:
             out[j] = weighted_sum([grads[j] for grads in per_tower], weights)
         return [tf.cast(g, d) for g, d in zip(out, dtypes)]
+
+
+def _tower_device(grads: list[tf.Tensor]) -> str:
+    """Where most of a tower's gradients are (a custom gradient may sit elsewhere); "" if none."""
+    named = collections.Counter(g.device for g in grads if g.device)
+    return named.most_common(1)[0][0] if named else ""

@@ -66,6 +66,32 @@ class AverageGradientsTest(tf.test.TestCase, parameterized.TestCase):
         towers_packing = {test_util.local_device(op.device) for op in concats}
         self.assertTrue(set(devices[1:]) <= towers_packing, towers_packing)  # on each tower
 
+    def test_a_tower_packs_where_most_of_its_gradients_are(self):
+        with tf.device("/cpu:3"):
+            variables = [tf.Variable(tf.zeros([2])) for _ in range(3)]
+
+        @tf.function
+        def average(x):
+            grads = []
+            for first, rest in (("/cpu:2", "/cpu:1"), ("/cpu:4", "/cpu:5")):
+                with tf.device(first):  # e.g. a custom gradient placed elsewhere
+                    tower = [x * 2.0]
+                with tf.device(rest):
+                    tower += [x * 3.0, x * 4.0]
+                grads.append(tower)
+            return ops.average_gradients(grads, variables=variables, bucket_bytes=1024)
+
+        graph = average.get_concrete_function(tf.TensorSpec([2])).graph
+        concats = {
+            test_util.local_device(op.device)
+            for op in graph.get_operations()
+            if op.type == "ConcatV2"
+        }
+        self.assertEqual(concats, {"/device:CPU:1", "/device:CPU:5"})
+        got = average(tf.constant([1.0, 2.0]))
+        for value, factor in zip(got, (2.0, 3.0, 4.0)):
+            self.assertAllClose(value, [factor, 2 * factor])
+
     def test_packed_half_precision_crosses_as_half_and_sums_on_the_variable_device(self):
         with tf.device("/cpu:3"):
             var = tf.Variable(tf.zeros([2], tf.float16))

@@ -41,7 +41,7 @@ def profile_rows(
     bucket_bytes: int | None,
     optimizer: str = "sgd",
 ) -> list[dict]:
-    """One row per (model, configuration): the step time and its op time, split in two."""
+    """One row per (model, configuration): the step time and its op time, split in three."""
     if not tf.config.list_physical_devices("GPU"):
         towers.simulate_devices(num_devices)
     devices = towers.list_devices(num=num_devices)
