@@ -118,9 +118,12 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
             hand = float(by_config["hand-written towers" + suffix]["step ms"])
             self.assertAllClose(float(target["ratio"]), named / hand, rtol=0.02, atol=0.01)
             self.assertEqual(target["<= 0.9"], "yes" if float(target["ratio"]) <= 0.9 else "no")
-            trace = float(by_config["towers ps" + suffix]["trace s"])
-            trace /= float(by_config["hand-written towers" + suffix]["trace s"])
-            self.assertAllClose(float(target["trace ratio (ps)"]), trace, rtol=0.05, atol=0.01)
+            # The printed trace times are rounded to 0.01 s: the ratio lies within their bounds.
+            ours_s = float(by_config["towers ps" + suffix]["trace s"])
+            hand_s = float(by_config["hand-written towers" + suffix]["trace s"])
+            low = (ours_s - 0.005) / (hand_s + 0.005)
+            high = (ours_s + 0.005) / max(hand_s - 0.005, 1e-3)
+            self.assertBetween(float(target["trace ratio (ps)"]), low - 0.005, high + 0.005)
 
     def test_interleaved_timing_runs_each_step_alike_in_shuffled_rounds(self):
         calls = []
