@@ -117,7 +117,8 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(named, min(ours.values()))  # (ties print alike)
             hand = float(by_config["hand-written towers" + suffix]["step ms"])
             self.assertAllClose(float(target["ratio"]), named / hand, rtol=0.02, atol=0.01)
-            self.assertEqual(target["<= 0.9"], "yes" if float(target["ratio"]) <= 0.9 else "no")
+            if abs(named / hand - 0.9) > 0.01:  # (a printed 0.90 may be 0.904 or 0.896)
+                self.assertEqual(target["<= 0.9"], "yes" if named / hand <= 0.9 else "no")
             # The printed trace times are rounded to 0.01 s: the ratio lies within their bounds.
             ours_s = float(by_config["towers ps" + suffix]["trace s"])
             hand_s = float(by_config["hand-written towers" + suffix]["trace s"])
