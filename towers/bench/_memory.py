@@ -4,6 +4,7 @@ import tensorflow as tf
 
 import towers
 from towers.bench._models import mean_loss
+from towers.bench._worker import bench_devices
 
 _WIDTH = 1024
 
@@ -28,9 +29,7 @@ def peak_megabytes(num_devices: int, batch_size: int, micro_batches: list[int]) 
 
     Must run in a fresh process (it simulates the devices on CPU-only machines).
     """
-    if not tf.config.list_physical_devices("GPU"):
-        towers.simulate_devices(num_devices)
-    devices = towers.list_devices(num=num_devices)
+    devices = bench_devices(num_devices)
     rng = tf.random.Generator.from_seed(0)
     batch = (rng.normal([batch_size, 784]), rng.uniform([batch_size], 0, 10, tf.int32))
     rows = []

@@ -38,9 +38,7 @@ def run_worker(
     Every configuration starts from the same weights and trains on the same batch for the
     same number of steps, so their last losses agree (the row's "loss").
     """
-    if not tf.config.list_physical_devices("GPU"):
-        towers.simulate_devices(num_devices)
-    devices = towers.list_devices(num=num_devices)
+    devices = bench_devices(num_devices)
     strategy = tf.distribute.MirroredStrategy(devices)
     rows = []
     for model in models:
@@ -73,6 +71,13 @@ def run_worker(
                 }
             )
     return rows
+
+
+def bench_devices(num_devices: int) -> list[str]:
+    """`num_devices` devices: the GPUs, or that many simulated on the CPU (a fresh process)."""
+    if not tf.config.list_physical_devices("GPU"):
+        towers.simulate_devices(num_devices)
+    return towers.list_devices(num=num_devices)
 
 
 def time_interleaved(
