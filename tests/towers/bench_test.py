@@ -97,7 +97,10 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
                 )
             else:
                 self.assertEqual(row["x mirrored"], "-")
-        # Same weights, data and steps: every configuration trained the same model.
+        # Same weights, data and steps: every configuration trained the same model. Near 0 a
+        # float32 cross-entropy carries ~1e-6 relative round-off from the reduction order, so
+        # the comparison means something only while the loss is well away from 0.
+        self.assertGreater(losses[0], 0.05)
         np.testing.assert_allclose(losses, losses[0], rtol=2e-6)
         self.assertEqual(by_config["towers replicated ring"]["all-reduces"], "1")  # one bucket
         self.assertEqual(by_config["towers replicated ring (v1 session)"]["all-reduces"], "1")
