@@ -1,4 +1,4 @@
-"""A device scope that leaves the caller's scope alone when no device is given."""
+"""Device scopes: one that keeps the caller's when no device is given, one for host-only ops."""
 
 import contextlib
 
@@ -12,3 +12,14 @@ def device_scope(device: str | None) -> contextlib.AbstractContextManager:
     whatever the caller chose".
     """
     return tf.device(device) if device else contextlib.nullcontext()
+
+
+def host_scope() -> contextlib.AbstractContextManager:
+    """The CPU beside the device in scope: for ops that have no GPU kernel (`Assert`).
+
+    The scope merges with the caller's, so inside `tf.device("/job:w/task:1/device:GPU:2")`
+    ops go to `/job:w/task:1/device:CPU:0`, the host of that GPU. Without it such an op built
+    under a GPU's scope fails to place wherever soft placement is off (a v1 session, or
+    `tf.config.set_soft_device_placement(False)`).
+    """
+    return tf.device("/device:CPU:0")

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from towers.ops._device_scope import device_scope
+from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._leaf_paths import leaf_paths
 from towers.ops._tensorflow import tf
 
@@ -53,12 +53,13 @@ def _batch_size(inputs: Nested) -> int | tf.Tensor:
     if len(known) == len(leaves):
         return next(iter(known.values()))
     sizes = [tf.shape(leaf, out_type=tf.int32)[0] for leaf in leaves]
-    checks = [
-        tf.debugging.assert_equal(
-            size, sizes[0], message="every tensor in `inputs` must have the same batch size"
-        )
-        for size in sizes[1:]
-    ]
+    with host_scope():  # Assert has no GPU kernel
+        checks = [
+            tf.debugging.assert_equal(
+                size, sizes[0], message="every tensor in `inputs` must have the same batch size"
+            )
+            for size in sizes[1:]
+        ]
     with tf.control_dependencies(checks):
         return tf.identity(sizes[0])
 
@@ -104,9 +105,10 @@ def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int |
             )
         base, extra = divmod(batch, num_splits)
         return [base + (1 if i < extra else 0) for i in range(num_splits)]
-    check = tf.debugging.assert_greater_equal(
-        batch, num_splits, message=f"the batch size must be >= num_splits={num_splits}"
-    )
+    with host_scope():  # Assert has no GPU kernel
+        check = tf.debugging.assert_greater_equal(
+            batch, num_splits, message=f"the batch size must be >= num_splits={num_splits}"
+        )
     with tf.control_dependencies([check]):
         base, extra = batch // num_splits, batch % num_splits
         return tf.unstack(base + tf.cast(tf.range(num_splits) < extra, tf.int32), num_splits)

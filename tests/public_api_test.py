@@ -14,6 +14,8 @@ import tempfile
 import types
 import zipfile
 
+import absl
+import numpy as np
 import tensorflow as tf
 
 import towers
@@ -357,8 +359,11 @@ class PackagingTest(tf.test.TestCase):
     def test_a_source_checkout_imports_its_own_ops(self):
         """`python -m towers.launch` in the repository's root imports the checkout's towers,
         whose `ops` is the root's (installing puts it in the package)."""
-        site_packages = os.path.dirname(os.path.dirname(tf.__file__))
-        env = {**os.environ, "PYTHONPATH": site_packages, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        # Where TensorFlow and what it imports live (one site-packages, or several: the GPU
+        # machine's kit adds TensorFlow beside the image's own packages).
+        found = {os.path.dirname(os.path.dirname(m.__file__)) for m in (tf, np, absl)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sorted(found))}
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
         env.pop("PYTHONSAFEPATH", None)  # the root must come first on sys.path, as with -m
         code = (
             "import importlib.util, towers\n"

@@ -2,7 +2,15 @@
 
 Importing this module sets the process up as every test expects (so that each test file also
 runs alone, e.g. `python -m tests.towers.train_step_test`): TensorFlow's INFO and WARNING logs
-quieted (errors stay), GPUs hidden, and one CPU split into 8 logical devices.
+quieted (errors stay), and one CPU split into 8 logical devices.
+
+Two tiers, chosen by the environment variable `TOWERS_TEST_KIND`:
+- "CPU" (the default): the towers run on the logical CPUs; GPUs are hidden from this process
+  and from every process it starts, so the suite runs alike on a machine with GPUs.
+- "GPU": the towers run on 8 logical GPUs split from the first GPU (`TOWERS_TEST_GPU_MB` MiB
+  each, default 1024), beside the 8 logical CPUs; TensorFloat-32 is off (the suite asserts
+  float32 exactness) and soft placement too, so an op without a GPU kernel placed on a GPU
+  fails as it would in a v1 session. Processes the tests start still see no GPU.
 """
 
 import os
@@ -10,6 +18,11 @@ import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+KIND = os.environ.get("TOWERS_TEST_KIND", "CPU").upper()
+if KIND not in ("CPU", "GPU"):
+    raise ValueError(f"TOWERS_TEST_KIND must be CPU or GPU; got {KIND!r}.")
+if KIND == "CPU":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU here nor in the processes tests start
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -18,14 +31,27 @@ import towers  # noqa: E402
 
 NUM_DEVICES = int(os.environ.get("TOWERS_TEST_DEVICES", "8"))  # workers of a test: fewer
 tf.get_logger().setLevel("ERROR")
-tf.config.set_visible_devices([], "GPU")
 towers.simulate_devices(NUM_DEVICES)
+if KIND == "GPU":
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    tf.config.set_soft_device_placement(False)
+    towers.simulate_devices(
+        NUM_DEVICES, "GPU", memory_limit_mb=int(os.environ.get("TOWERS_TEST_GPU_MB", "1024"))
+    )
+    tf.config.list_logical_devices()  # CUDA is initialized: what follows is for the processes
+    os.environ.update(CUDA_VISIBLE_DEVICES="", TOWERS_TEST_KIND="CPU")  # tests start (each
+    # would take the whole GPU): they run as the CPU tier does
 VOCAB, FEATURES, EMBED, HIDDEN, CLASSES = 13, 6, 4, 8, 3
 
 
 def devices(num: int) -> list[str]:
-    """The first `num` logical CPU devices, canonical names."""
-    return [f"/device:CPU:{i}" for i in range(num)]
+    """The first `num` logical devices of this tier (CPUs or GPUs), canonical names."""
+    return [f"/device:{KIND}:{i}" for i in range(num)]
+
+
+def reference_device() -> str:
+    """Where the hand-written single-device references run: this tier's first device."""
+    return devices(1)[0]
 
 
 class Model(tf.Module):
@@ -100,7 +126,7 @@ def dense(grad) -> np.ndarray | None:
 
 def reference_gradients(model: Model, full_batch) -> tuple[list, list]:
     """Gradients of the whole batch's mean loss on one device: (grads, variables)."""
-    with tf.device("/device:CPU:0"):
+    with tf.device(reference_device()):
         with tf.GradientTape() as tape:
             loss, _ = loss_fn(model)(full_batch)
         variables = list(model.trainable_variables)
@@ -129,7 +155,7 @@ def reference_step(
 
     @tf.function
     def step(batch):
-        with tf.device("/device:CPU:0"):
+        with tf.device(reference_device()):
             with tf.GradientTape() as tape:
                 result = loss_fn(batch)
             loss, outputs = result if isinstance(result, tuple) else (result, None)

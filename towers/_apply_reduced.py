@@ -9,7 +9,7 @@ from towers._optimizer import Optimizer, update_ops
 from towers._optimizer_checks import AppliesGradients
 from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import ReducedGradients, VariableStrategy
-from towers.ops._device_scope import device_scope
+from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._tensorflow import tf
 
 GradientHook = Callable[[list, list], Sequence]
@@ -170,14 +170,15 @@ def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
 
 
 def _assert_finite(finite: tf.Tensor, variables: list) -> Any:
-    return tf.debugging.Assert(
-        finite,
-        [
-            f"A gradient holds NaN or Inf; no variable was changed. Variables: "
-            f"{[v.name for v in variables]}. Pass nonfinite='skip' (or a loss scale) to skip such "
-            "steps instead."
-        ],
-    )
+    with host_scope():  # Assert has no GPU kernel
+        return tf.debugging.Assert(
+            finite,
+            [
+                f"A gradient holds NaN or Inf; no variable was changed. Variables: "
+                f"{[v.name for v in variables]}. Pass nonfinite='skip' (or a loss scale) to skip "
+                "such steps instead."
+            ],
+        )
 
 
 def _applied_if(finite: tf.Tensor, apply_gradients: Callable, pairs: list) -> tf.Tensor:
@@ -268,8 +269,9 @@ def _check_shape(grad: tf.Tensor | tf.IndexedSlices, var: tf.Variable) -> None:
 def _checked_rows(grad: tf.IndexedSlices, var: tf.Variable) -> list:
     rows = tf.cast(tf.shape(var)[0], grad.indices.dtype)
     message = f"`gradient_hook` returned row indices outside [0, rows) for variable {var.name}"
-    checks = [
-        tf.debugging.assert_non_negative(grad.indices, message=message),
-        tf.debugging.assert_less(grad.indices, rows, message=message),
-    ]
+    with host_scope():  # Assert has no GPU kernel
+        checks = [
+            tf.debugging.assert_non_negative(grad.indices, message=message),
+            tf.debugging.assert_less(grad.indices, rows, message=message),
+        ]
     return [c for c in checks if c is not None]  # eagerly they ran (and passed) already

@@ -183,13 +183,16 @@ def simulate_devices(num: int, kind: str = "CPU", *, memory_limit_mb: int | None
 
 
 def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
-    """A `tf.compat.v1.ConfigProto` whose sessions have the logical CPU devices towers use.
+    """A `tf.compat.v1.ConfigProto` whose sessions have the logical devices towers use.
 
-    A v1 `Session` takes its CPU devices from `device_count`, not from `tf.config`. Pass this
-    config to every session that runs tower graphs so `/cpu:1`... exist there too. Soft placement
-    stays off: an op pinned to a missing device is an error, not a silent move. After
-    `init_workers`, the session sees this worker's devices only; open it on the worker's
-    server: `tf.compat.v1.Session(worker.target, config=towers.session_config())`.
+    A v1 `Session` makes its devices from its own config, not from `tf.config`: CPUs from
+    `device_count`, GPUs from `gpu_options`. Pass this config to every session that runs tower
+    graphs so that `/cpu:1`... and the logical GPUs of `simulate_devices(..., "GPU")` exist
+    there too, and the GPUs `tf.config.set_visible_devices` hid stay hidden. Soft placement
+    stays off: an op pinned to a missing device (or to a GPU without a kernel for it) is an
+    error, not a silent move. After `init_workers`, the session sees this worker's devices
+    only; open it on the worker's server:
+    `tf.compat.v1.Session(worker.target, config=towers.session_config())`.
 
     Args:
       num_cpus: CPU devices the session should have; None for as many as `tf.config` has
@@ -208,7 +211,30 @@ def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
     if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1:
         raise ValueError(f"`num_cpus` must be a positive int or None; got {num_cpus!r}.")
     config = tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus}, allow_soft_placement=False)
+    _same_gpus(config.gpu_options, config.device_count)
     info = current_workers()
     if info.num_workers > 1:  # the session (on `info.target`) sees this worker's devices only
         config.device_filters.append(f"/job:{info.job}/task:{info.index}")
     return config
+
+
+def _same_gpus(options: Any, device_count: Any) -> None:
+    """Gives a session's `gpu_options` the visible GPUs and logical splits of `tf.config`."""
+    physical = tf.config.list_physical_devices("GPU")
+    visible = [gpu for gpu in tf.config.get_visible_devices("GPU") if gpu in physical]
+    if not visible:
+        if physical:
+            device_count["GPU"] = 0
+        return
+    options.visible_device_list = ",".join(str(physical.index(gpu)) for gpu in visible)
+    splits = [tf.config.get_logical_device_configuration(gpu) for gpu in visible]
+    if not any(splits):
+        return
+    for split in splits:  # one entry per visible GPU; an empty one is the whole GPU
+        entry = options.experimental.virtual_devices.add()
+        for logical in split or []:
+            entry.memory_limit_mb.append(logical.memory_limit)
+            if logical.experimental_priority is not None:
+                entry.priority.append(logical.experimental_priority)
+            if logical.experimental_device_ordinal is not None:
+                entry.device_ordinal.append(logical.experimental_device_ordinal)

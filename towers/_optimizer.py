@@ -176,18 +176,23 @@ class Optimizer(tf.Module, CopiedState):
                 state = self._state_of(var)
                 by_copy.setdefault(state.copy, []).append((grad, var, state))
         ops = []
+        # A plain number becomes each variable's dtype directly: through float32, a float64
+        # model's rate would be off by up to 3e-8 relative.
+        number = self.learning_rate if isinstance(self.learning_rate, (int, float)) else None
         for copy, group in by_copy.items():
             counter = self.iterations.get(copy)
             with device_scope(counter.device if counter is not None else None):
                 with tf.name_scope(self.name):
                     done = counter.read_value() if counter is not None else tf.constant(0, tf.int64)
-                    lr = tf.cast(self.current_learning_rate(done), tf.float32)
+                    if number is None:
+                        lr = tf.cast(self.current_learning_rate(done), tf.float32)
             updates, cast = [], {}
             for grad, var, state in group:
                 with tf.device(var.device), tf.name_scope(self.name):
                     key = (var.device, var.dtype)
                     if key not in cast:
-                        cast[key] = (tf.cast(lr, var.dtype), tf.cast(done + 1, var.dtype))
+                        rate = tf.constant(number, var.dtype) if number is not None else lr
+                        cast[key] = (tf.cast(rate, var.dtype), tf.cast(done + 1, var.dtype))
                     updates.append(self._update_one(grad, var, state.slots, *cast[key]))
             if counter is not None:
                 with tf.device(counter.device), tf.control_dependencies(update_ops(updates)):

@@ -1,4 +1,4 @@
-"""Choosing an all-reduce by device type and size."""
+"""Choosing an all-reduce by the devices and the size."""
 
 from collections.abc import Sequence
 
@@ -10,10 +10,13 @@ from towers.ops._tensorflow import tf
 
 
 class AutoAllReduce(AllReduce):
-    """Chooses by device type and size: NCCL between GPUs, otherwise by bytes on CPUs.
+    """Chooses by device and size: NCCL between physical GPUs, otherwise by bytes.
+
+    NCCL needs every device to be a GPU of its own; logical GPUs split from one GPU, and
+    CPUs, get the algorithms chosen by size.
 
     Args:
-      small_bytes: On CPUs, values up to this size go through `ReduceBroadcastAllReduce`
+      small_bytes: Off NCCL, values up to this size go through `ReduceBroadcastAllReduce`
         (fewest ops), larger ones through `RingAllReduce` (spreads the additions over the
         devices).
     """
@@ -29,14 +32,14 @@ class AutoAllReduce(AllReduce):
         """The algorithm `AutoAllReduce` uses for `value` on `devices`.
 
         Args:
-          value: One of the values to reduce (its size and dtype decide).
+          value: One of the values to reduce (its size and dtype decide, off NCCL).
           devices: The devices of the all-reduce.
 
         Returns:
           One of this instance's own `NcclAllReduce`, `ReduceBroadcastAllReduce` or
           `RingAllReduce`.
         """
-        if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices):
+        if self._nccl.refusal(devices) is None:
             return self._nccl
         elements = value.shape.num_elements()
         if elements is not None and elements * value.dtype.size <= self.small_bytes:

@@ -1,8 +1,11 @@
 """The all-reduce contract, run against every algorithm (and a custom one built through it)."""
 
+from unittest import mock
+
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
+from towers.ops._all_reduce import nccl
 
 import towers
 from tests import test_util
@@ -31,6 +34,11 @@ class AddEverywhere(ops.AllReduce):
             with tf.device(device):
                 out.append(tf.add_n([tf.cast(tf.identity(v), dtype) for v in sent]))
         return out
+
+
+def _physical_gpus(physical):
+    """As if logical GPU i lived on physical GPU `physical[i]` (this machine may have none)."""
+    return mock.patch.object(nccl, "physical_gpu_of_logical", return_value=physical)
 
 
 def _algorithm(name):
@@ -118,9 +126,10 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
     def test_nccl_graph_on_gpus(self):
         """NCCL kernels exist only for GPUs: check the graph it builds, without running it."""
         devices = [f"/device:GPU:{i}" for i in range(4)]
-        graph, built_on = _graph(
-            ops.NcclAllReduce(), devices, tf.TensorSpec([8], tf.float32), reduction="mean"
-        )
+        with _physical_gpus([0, 1, 2, 3]):
+            graph, built_on = _graph(
+                ops.NcclAllReduce(), devices, tf.TensorSpec([8], tf.float32), reduction="mean"
+            )
         nccl = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
         self.assertEqual([test_util.local_device(op.device) for op in nccl], devices)
         self.assertEqual({op.get_attr("num_devices") for op in nccl}, {4})
@@ -133,7 +142,8 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         names = set()
         for algorithm in (ops.NcclAllReduce(), ops.NcclAllReduce()):
             for _ in range(2):
-                graph, _ = _graph(algorithm, devices, tf.TensorSpec([8], tf.float32))
+                with _physical_gpus([0, 1]):
+                    graph, _ = _graph(algorithm, devices, tf.TensorSpec([8], tf.float32))
                 ops_ = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
                 names |= {op.get_attr("shared_name") for op in ops_}
         self.assertLen(names, 4)
@@ -142,11 +152,29 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "'nccl' all-reduce runs only on GPUs"):
             ops.NcclAllReduce()([tf.ones([2])] * 2, test_util.devices(2))
 
-    def test_auto_chooses_by_device_type_and_size(self):
+    def test_nccl_refuses_logical_gpus_of_one_gpu(self):
+        """NCCL runs one rank per physical GPU: two logical GPUs of one would fail at run time."""
+        with _physical_gpus([0, 0, 1, 1]):
+            message = r"'/device:GPU:0' and '/device:GPU:1' are logical devices of the same phys"
+            with self.assertRaisesRegex(ValueError, message):
+                _graph(ops.NcclAllReduce(), ["/device:GPU:0", "/device:GPU:1"], tf.zeros([2]))
+            gpus = ["/device:GPU:1", "/device:GPU:2"]
+            graph, _ = _graph(ops.NcclAllReduce(), gpus, tf.zeros([2]))
+        self.assertLen([op for op in graph.get_operations() if op.type == "NcclAllReduce"], 2)
+
+    def test_logical_gpus_are_numbered_through_the_physical_ones(self):
+        physical = nccl.physical_gpu_of_logical()
+        self.assertEqual(physical, [0] * test_util.NUM_DEVICES if test_util.KIND == "GPU" else [])
+
+    def test_auto_chooses_by_devices_and_size(self):
         auto = ops.AutoAllReduce(small_bytes=1024)
         gpus = ["/device:GPU:0", "/device:GPU:1"]
         cpus = test_util.devices(2)
-        self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.NcclAllReduce)
+        with _physical_gpus([0, 1]):
+            self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.NcclAllReduce)
+        with _physical_gpus([0, 0]):  # one GPU split in two: by size, as on CPUs
+            self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.ReduceBroadcastAllReduce)
+            self.assertIsInstance(auto.choose(tf.ones([1024]), gpus), ops.RingAllReduce)
         self.assertIsInstance(auto.choose(tf.ones([4]), cpus), ops.ReduceBroadcastAllReduce)
         self.assertIsInstance(auto.choose(tf.ones([1024]), cpus), ops.RingAllReduce)
 

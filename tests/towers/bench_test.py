@@ -46,17 +46,19 @@ class WeightsBenchTest(tf.test.TestCase):
 
 
 class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters("sgd", "adam")
-    def test_the_program_prints_one_consistent_row_per_configuration(self, optimizer):
+    @parameterized.parameters(("sgd", "--tf32"), ("adam", "--notf32"))
+    def test_the_program_prints_one_consistent_row_per_configuration(self, optimizer, tf32):
         """`python -m towers.bench` itself, one model on 2 devices, 4 steps per configuration."""
         out = test_util.run_python(
             "import runpy, sys\n"
             "sys.argv = ['towers.bench', '--models=mlp', '--towers=2', '--steps=2', "
             "'--warmup=1', '--algorithms=ring,collective', '--batch_size=64', "
-            f"'--optimizer={optimizer}']\n"
+            f"'--optimizer={optimizer}', '{tf32}']\n"
             "runpy.run_module('towers.bench', run_name='__main__')\n",
             timeout=300,
         )
+        on = "on" if tf32 == "--tf32" else "off"
+        self.assertIn(f"Devices: /device:CPU:0 ... /device:CPU:1; TensorFloat-32 {on}.", out)
         lines = out.splitlines()
         header = _cells(lines[0])
         self.assertEqual(

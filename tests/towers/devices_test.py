@@ -1,3 +1,5 @@
+from unittest import mock
+
 import tensorflow as tf
 
 import towers
@@ -94,17 +96,47 @@ class CanonicalDeviceTest(tf.test.TestCase):
             towers.canonical_device(3)
 
 
+def _gpus(*names):
+    return [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in names]
+
+
 class SessionConfigTest(tf.test.TestCase):
     def test_v1_session_sees_the_logical_devices(self):
         config = towers.session_config()
         self.assertEqual(config.device_count["CPU"], test_util.NUM_DEVICES)
         self.assertFalse(config.allow_soft_placement)
+        last = test_util.devices(test_util.NUM_DEVICES)[-1]
         with tf.Graph().as_default():
             with tf.device("/cpu:7"):
                 x = tf.constant(2.0) * 3.0
+            with tf.device(last):
+                y = x * 2.0
             with tf.compat.v1.Session(config=config) as sess:
-                self.assertLen(sess.list_devices(), test_util.NUM_DEVICES)
-                self.assertEqual(sess.run(x), 6.0)
+                gpus = test_util.NUM_DEVICES if test_util.KIND == "GPU" else 0
+                self.assertLen(sess.list_devices(), test_util.NUM_DEVICES + gpus)
+                self.assertEqual(sess.run(y), 12.0)
+
+    def test_sessions_get_the_logical_gpus_of_tf_config(self):
+        """Two physical GPUs, the second hidden, the first split in two: the same in v1."""
+        split = [tf.config.LogicalDeviceConfiguration(memory_limit=m) for m in (1000, 2000)]
+        with (
+            mock.patch.object(tf.config, "list_physical_devices", return_value=_gpus(0, 1)),
+            mock.patch.object(tf.config, "get_visible_devices", return_value=_gpus(1)),
+            mock.patch.object(tf.config, "get_logical_device_configuration", return_value=split),
+        ):
+            options = towers.session_config().gpu_options
+        self.assertEqual(options.visible_device_list, "1")
+        (entry,) = options.experimental.virtual_devices
+        self.assertEqual(list(entry.memory_limit_mb), [1000, 2000])
+
+    def test_sessions_see_no_gpu_that_tf_config_hides(self):
+        with (
+            mock.patch.object(tf.config, "list_physical_devices", return_value=_gpus(0)),
+            mock.patch.object(tf.config, "get_visible_devices", return_value=[]),
+        ):
+            config = towers.session_config()
+        self.assertEqual(config.device_count["GPU"], 0)
+        self.assertEmpty(config.gpu_options.experimental.virtual_devices)
 
     def test_bad_num(self):
         with self.assertRaisesRegex(ValueError, "`num_cpus` must be a positive int"):

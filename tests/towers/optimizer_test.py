@@ -143,6 +143,13 @@ class StateTest(tf.test.TestCase, parameterized.TestCase):
         towers.SGD(0.5).apply_gradients([(tf.ones([3], tf.bfloat16), var)])
         self.assertAllEqual(var, [0.5, 0.5, 0.5])
 
+    def test_a_number_rate_reaches_a_float64_variable_unrounded(self):
+        """0.05 through float32 is 0.05000000075: a float64 model would drift by 1.5e-8."""
+        var = tf.Variable(np.ones(3), dtype=tf.float64)
+        grad = np.array([1.0, 3.0, 1e8])
+        towers.SGD(0.05).apply_gradients([(tf.constant(grad), var)])
+        np.testing.assert_array_equal(var.numpy(), 1.0 - 0.05 * grad)
+
     def test_a_rule_is_one_short_class(self):
         class SignSGD(towers.Optimizer):
             def update(self, grad, var, slots, lr, step):

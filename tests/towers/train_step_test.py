@@ -167,6 +167,39 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, "`gradient_hook` must be callable; got 'clip'"):
             step("clip")
 
+    def test_ops_without_a_gpu_kernel_are_built_on_the_host(self):
+        """Asserts (finiteness, rows, batch sizes) go to CPU:0, not the towers' devices."""
+        devices = test_util.devices(8)[5:]
+        replicas = towers.Replicated(test_util.built_model, devices)
+
+        def hook(grads, variables):  # IndexedSlices the hook makes get their rows checked
+            rows = tf.range(test_util.VOCAB)
+            return [
+                tf.IndexedSlices(g, rows) if "embedding" in v.name else g
+                for g, v in zip(grads, variables)
+            ]
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(replicas.local())(b),
+                replicas,
+                towers.SGD(0.1),
+                batch,
+                devices,
+                gradient_hook=hook,
+                split_device=devices[0],
+            )
+
+        spec = tf.nest.map_structure(
+            lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), test_util.batch(6)
+        )
+        graph = step.get_concrete_function(spec).graph
+        asserts = [op for op in graph.get_operations() if op.type == "Assert"]
+        # Finiteness per copy, rows of the embedding per copy, batch sizes: 3, 3 and 2 or more.
+        self.assertGreaterEqual(len(asserts), 3 + 3 * 2 + 2)
+        self.assertEqual({test_util.local_device(op.device) for op in asserts}, {"/device:CPU:0"})
+
     def test_no_variable_gets_a_gradient(self):
         model = test_util.Model()
 

@@ -7,6 +7,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from towers.bench import _cluster, _memory, _profile, _tables, _worker  # noqa: E402
@@ -32,6 +33,12 @@ _BUCKET = flags.DEFINE_integer(
     "bucket_bytes", 4 * 2**20, "Replicated rows' packing bucket; 0 for none (ps rows: both ways)."
 )
 _WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
+_GPU_SPLIT = flags.DEFINE_integer(
+    "gpu_split_mb", 0, "Split the first GPU into K logical GPUs of this many MiB for K towers."
+)
+_TF32 = flags.DEFINE_bool(
+    "tf32", True, "TensorFloat-32 in float32 matmuls and convolutions (TensorFlow's default)."
+)
 _WEIGHTS_MB = flags.DEFINE_integer("weights_mb", 100, "Size of the weights (weights suite).")
 _NUM_VARIABLES = flags.DEFINE_integer("num_variables", 20, "Variables the weights are split in.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs per weights measurement; the median.")
@@ -62,12 +69,17 @@ def _run_flags() -> list[str]:
         f"--batch_size={_BATCH.value}",
         f"--steps={_STEPS.value}",
         f"--warmup={_WARMUP.value}",
+        f"--gpu_split_mb={_GPU_SPLIT.value}",
+        f"--tf32={_TF32.value}",
     ]
 
 
 def main(argv: list[str]) -> None:
     """Runs the chosen suite and prints its table."""
     del argv
+    tf.config.experimental.enable_tensor_float_32_execution(_TF32.value)
+    if _WORKER.value:  # before any suite lists them: the logical GPUs, if asked for
+        _worker.bench_devices(_WORKER.value, _GPU_SPLIT.value)
     if _SUITE.value == "weights":
         print(_tables.weights_report(_WEIGHTS_MB.value, _NUM_VARIABLES.value, _REPEATS.value))
         return

@@ -50,9 +50,16 @@ def step_table(rows: list[dict]) -> str:
     note = (
         "x one device, x mirrored: that time divided by this row's (above 1: this row is "
         "faster). all-reduces: per device and step. loss: the last step's, the same for "
-        f"every configuration (same weights, data, steps and rule: {rows[0]['optimizer']})."
+        f"every configuration (same weights, data, steps and rule: {rows[0]['optimizer']}). "
+        f"Devices: {_devices_seen(rows)}; TensorFloat-32 {'on' if rows[0]['tf32'] else 'off'}."
     )
     return format_table(header, lines) + "\n" + note
+
+
+def _devices_seen(rows: list[dict]) -> str:
+    """The devices of the largest K, e.g. "/device:GPU:0 ... /device:GPU:3"."""
+    devices = max((r["devices"] for r in rows), key=len)
+    return devices[0] if len(devices) == 1 else f"{devices[0]} ... {devices[-1]}"
 
 
 HAND_WRITTEN = "hand-written towers"

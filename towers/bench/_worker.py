@@ -39,7 +39,7 @@ def run_worker(
     same number of steps, so their last losses agree (the row's "loss").
     """
     devices = bench_devices(num_devices)
-    strategy = tf.distribute.MirroredStrategy(devices)
+    strategy = mirrored_strategy(devices)
     rows = []
     for model in models:
         size = batch_size or DEFAULT_BATCH[model]
@@ -68,16 +68,38 @@ def run_worker(
                     "step_ms": seconds * 1e3,
                     "loss": loss,
                     "all_reduces": _all_reduces(label, model, bucket_bytes),
+                    "devices": devices,
+                    "tf32": tf.config.experimental.tensor_float_32_execution_enabled(),
                 }
             )
     return rows
 
 
-def bench_devices(num_devices: int) -> list[str]:
-    """`num_devices` devices: the GPUs, or that many simulated on the CPU (a fresh process)."""
+def bench_devices(num_devices: int, gpu_split_mb: int = 0) -> list[str]:
+    """`num_devices` devices: the GPUs, or that many simulated on the CPU (a fresh process).
+
+    With `gpu_split_mb`, the first GPU is split into `num_devices` logical GPUs of that many
+    MiB each (several towers on one GPU). Calling it again with the same count lists the
+    same devices.
+    """
     if not tf.config.list_physical_devices("GPU"):
         towers.simulate_devices(num_devices)
+    elif gpu_split_mb:
+        towers.simulate_devices(num_devices, "GPU", memory_limit_mb=gpu_split_mb)
     return towers.list_devices(num=num_devices)
+
+
+def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
+    """MirroredStrategy on `devices` with its default all-reduce where that can run.
+
+    Its default on GPUs is NCCL, which cannot run on logical GPUs of one GPU; there it
+    reduces to one device, as `tf.distribute` does on CPUs.
+    """
+    on_gpus = all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
+    if on_gpus and ops.NcclAllReduce.refusal(devices) is not None:
+        one = tf.distribute.ReductionToOneDevice()
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=one)
+    return tf.distribute.MirroredStrategy(devices)
 
 
 def time_interleaved(
