@@ -6,14 +6,22 @@ import tensorflow as tf
 import towers
 
 
-def choose_devices(num_towers: int) -> list[str]:
+def choose_devices(num_towers: int, gpu_split_mb: int = 0) -> list[str]:
     """Every device (or the first `num_towers`), simulating 4 (or more) CPUs without a GPU.
 
-    A process whose CPU is already split into enough logical devices is left as it is. Under
-    `python -m towers.launch` (a `TF_CONFIG` set), the worker joins its cluster first, and the
-    devices are this worker's.
+    A process whose CPU is already split into enough logical devices is left as it is. With
+    `gpu_split_mb`, the first GPU is split into `num_towers` logical GPUs of that many MiB
+    (several towers on one GPU). Under `python -m towers.launch` (a `TF_CONFIG` set), the
+    worker joins its cluster first, and the devices are this worker's.
+
+    Raises:
+      ValueError: if `gpu_split_mb` is given without `num_towers`.
     """
-    if not tf.config.list_physical_devices("GPU"):
+    if gpu_split_mb and tf.config.list_physical_devices("GPU"):
+        if num_towers < 1:
+            raise ValueError("--gpu_split_mb needs --towers: how many logical GPUs to make.")
+        towers.simulate_devices(num_towers, "GPU", memory_limit_mb=gpu_split_mb)
+    elif not tf.config.list_physical_devices("GPU"):
         wanted = max(num_towers, 4)
         cpu = tf.config.list_physical_devices("CPU")[0]
         if len(tf.config.get_logical_device_configuration(cpu) or []) < wanted:

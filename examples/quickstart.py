@@ -56,7 +56,17 @@ _COMPUTE = flags.DEFINE_enum(
 _COMPARE = flags.DEFINE_bool(
     "compare_one_device",
     False,
-    "Also train on one device at the same global batch and log the step-time ratio.",
+    "Also train on one device at the same global batch; log the step-time ratio and how far "
+    "the two models' weights are apart.",
+)
+_GPU_SPLIT = flags.DEFINE_integer(
+    "gpu_split_mb", 0, "Split the first GPU into --towers logical GPUs of this many MiB."
+)
+_TF32 = flags.DEFINE_bool(
+    "tf32",
+    True,
+    "TensorFloat-32 in float32 matmuls and convolutions on GPUs (TensorFlow's default; it "
+    "rounds their inputs to 10 bits: --notf32 computes them in float32).",
 )
 
 IMAGE, CLASSES = 16, 10
@@ -228,7 +238,8 @@ def train(
 def main(argv: list[str]) -> None:
     """Trains on every device (simulated when there is no GPU) and logs the speed."""
     del argv
-    devices = choose_devices(_TOWERS.value)
+    tf.config.experimental.enable_tensor_float_32_execution(_TF32.value)
+    devices = choose_devices(_TOWERS.value, _GPU_SPLIT.value)
     logging.info("training on %d towers: %s", len(devices), devices)
     result = train(
         devices,
@@ -267,6 +278,22 @@ def main(argv: list[str]) -> None:
             len(devices),
             median / single_median,
         )
+        logging.info(
+            "weights after %d steps, %d towers against one device: %.1e apart (the largest "
+            "relative difference of a variable; TensorFloat-32 %s)",
+            _STEPS.value,
+            len(devices),
+            weights_apart(result["model"], single["model"]),
+            "on" if tf.config.experimental.tensor_float_32_execution_enabled() else "off",
+        )
+
+
+def weights_apart(model: tf.Module, other: tf.Module) -> float:
+    """Max over variables of max|a - b| / max|b|: how far two trainings of a model ended."""
+    return max(
+        float(np.max(np.abs(a.numpy() - b.numpy())) / max(np.max(np.abs(b.numpy())), 1e-30))
+        for a, b in zip(model.trainable_variables, other.trainable_variables)
+    )
 
 
 if __name__ == "__main__":

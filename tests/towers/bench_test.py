@@ -131,6 +131,11 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
             high = (ours_s + 0.005) / max(hand_s - 0.005, 1e-3)
             self.assertBetween(float(target["trace ratio (ps)"]), low - 0.005, high + 0.005)
 
+    def test_nccl_rows_only_where_nccl_can_run(self):
+        """On CPUs and on logical GPUs of one GPU the benchmark leaves `nccl` out."""
+        self.assertEqual(_worker.runnable(["nccl", "ring"], test_util.devices(2)), ["ring"])
+        self.assertEqual(_worker.runnable(["ring"], test_util.devices(2)), ["ring"])
+
     def test_interleaved_timing_runs_each_step_alike_in_shuffled_rounds(self):
         calls = []
 

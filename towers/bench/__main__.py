@@ -59,6 +59,9 @@ def step_suite_rows(models: list[str], device_counts: list[int], argv_flags: lis
         if done.returncode != 0:
             raise RuntimeError(f"bench worker for {count} devices failed:\n{done.stderr[-3000:]}")
         rows += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        for line in done.stderr.splitlines():  # the worker's own notes
+            if line.startswith("bench: "):
+                print(line, file=sys.stderr)
     return rows
 
 

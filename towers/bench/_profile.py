@@ -23,7 +23,7 @@ import towers
 from towers.bench._models import MODELS, batch
 from towers.bench._steps import step_bodies
 from towers.bench._tables import format_table
-from towers.bench._worker import DEFAULT_BATCH, bench_devices
+from towers.bench._worker import DEFAULT_BATCH, bench_devices, runnable
 
 TOWER_SCOPES = ("tower_", "gradient_tape/")
 WAITS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "CollectiveReduceV2", "NcclAllReduce")
@@ -43,6 +43,7 @@ def profile_rows(
 ) -> list[dict]:
     """One row per (model, configuration): the step time and its op time, split in three."""
     devices = bench_devices(num_devices)
+    algorithms = runnable(algorithms, devices)
     rows = []
     for model in models:
         size = batch_size or DEFAULT_BATCH[model]

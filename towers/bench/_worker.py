@@ -2,6 +2,7 @@
 
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -36,10 +37,12 @@ def run_worker(
 
     Simulates the devices on the CPU when there is no GPU; must run in a fresh process.
     Every configuration starts from the same weights and trains on the same batch for the
-    same number of steps, so their last losses agree (the row's "loss").
+    same number of steps, so their last losses agree (the row's "loss"). An algorithm that
+    cannot run on these devices (`nccl` on CPUs or on logical GPUs of one GPU) has no row.
     """
     devices = bench_devices(num_devices)
     strategy = mirrored_strategy(devices)
+    algorithms = runnable(algorithms, devices)
     rows = []
     for model in models:
         size = batch_size or DEFAULT_BATCH[model]
@@ -87,6 +90,15 @@ def bench_devices(num_devices: int, gpu_split_mb: int = 0) -> list[str]:
     elif gpu_split_mb:
         towers.simulate_devices(num_devices, "GPU", memory_limit_mb=gpu_split_mb)
     return towers.list_devices(num=num_devices)
+
+
+def runnable(algorithms: list[str], devices: list[str]) -> list[str]:
+    """`algorithms` without `nccl` where it would be refused; says so on stderr."""
+    refusal = ops.NcclAllReduce.refusal(devices) if len(devices) > 1 else None
+    if "nccl" in algorithms and refusal is not None:
+        print(f"bench: no 'nccl' rows on {len(devices)} devices: {refusal}", file=sys.stderr)
+        return [a for a in algorithms if a != "nccl"]
+    return algorithms
 
 
 def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
