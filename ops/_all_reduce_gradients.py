@@ -14,6 +14,7 @@ from towers.ops._weighted_mean import (
     equal_weights,
     normalized_weights,
     scale,
+    weight_in,
 )
 
 SPARSE_MODES = ("gather", "dense")
@@ -219,7 +220,7 @@ def _reduce_dense(
     for tensors, device, weight in zip(per_tower, devices, weights):
         with tf.device(device):
             buckets = pack(tensors, spec)
-            packed.append(buckets if equal else [b * tf.cast(weight, b.dtype) for b in buckets])
+            packed.append(buckets if equal else [b * weight_in(weight, b.dtype) for b in buckets])
     summed = [
         algorithm(
             [packed[i][b] for i in range(k)], devices, wire_dtype=_wire(packed[0][b], wire_dtype)
@@ -231,7 +232,7 @@ def _reduce_dense(
         with tf.device(device):
             buckets = [bucket[i] for bucket in summed]
             if equal:
-                buckets = [b * tf.cast(weights[0], b.dtype) for b in buckets]
+                buckets = [b * weight_in(weights[0], b.dtype) for b in buckets]
             if carry:
                 total = next(b for b, m in zip(buckets, spec.buckets) if len(columns) in m)[-1]
                 buckets = [b / tf.cast(total, b.dtype) for b in buckets]

@@ -25,7 +25,8 @@ def normalized_weights(
         a reduction that spans more values than these (several workers' towers).
 
     Returns:
-      A list of `num` Python floats when every weight is a Python number, else float32 scalars.
+      A list of `num` Python floats when every weight is a Python number, else float64
+      scalars (cast to each value's dtype where they are used).
 
     Raises:
       ValueError: if the count is wrong, a weight is negative, or all are zero.
@@ -43,9 +44,19 @@ def normalized_weights(
             raise ValueError(f"`weights` must be non-negative with a positive sum; got {weights}.")
         total = float(sum(weights))
         return [w / total for w in weights]
-    weights = [tf.cast(w, tf.float32) for w in weights]
-    total = tf.add_n(weights) if total is None else tf.cast(total, tf.float32)
+    weights = [weight_in(w, tf.float64) for w in weights]  # cast to each value's dtype later
+    total = tf.add_n(weights) if total is None else weight_in(total, tf.float64)
     return [w / total for w in weights]
+
+
+def weight_in(weight: Weight, dtype: tf.DType) -> tf.Tensor:
+    """A weight as a `dtype` scalar: a Python number exactly, a tensor cast.
+
+    `tf.cast(0.3, tf.float64)` makes a float32 constant first: 0.30000001192, 4e-8 off.
+    """
+    if isinstance(weight, (int, float)):
+        return tf.constant(weight, dtype)
+    return tf.cast(weight, dtype)
 
 
 def equal_weights(weights: Sequence[Weight]) -> bool:
@@ -63,13 +74,13 @@ def weighted_sum(values: Sequence[tf.Tensor], weights: Sequence[Weight]) -> tf.T
     dtype = values[0].dtype
     wide = accumulation_dtype(dtype)
     if equal_weights(weights):
-        total = tf.add_n([tf.cast(v, wide) for v in values]) * tf.cast(weights[0], wide)
+        total = tf.add_n([tf.cast(v, wide) for v in values]) * weight_in(weights[0], wide)
     else:
-        total = tf.add_n([tf.cast(v, wide) * tf.cast(w, wide) for v, w in zip(values, weights)])
+        total = tf.add_n([tf.cast(v, wide) * weight_in(w, wide) for v, w in zip(values, weights)])
     return tf.cast(total, dtype)
 
 
 def scale(values: tf.Tensor, weight: Weight) -> tf.Tensor:
     """`values * weight`, computed in float32 for half-precision values."""
     wide = accumulation_dtype(values.dtype)
-    return tf.cast(tf.cast(values, wide) * tf.cast(weight, wide), values.dtype)
+    return tf.cast(tf.cast(values, wide) * weight_in(weight, wide), values.dtype)

@@ -15,6 +15,7 @@ from towers._worker_all_reduce import WorkersAllReduce, derived_key, workers_gro
 from towers._workers import current_workers
 from towers.ops._all_reduce.collective import CollectiveAllReduce, outermost_graph, reduce_on
 from towers.ops._tensorflow import tf
+from towers.ops._weighted_mean import weight_in
 
 # Graph collection holding, for the outermost graph being built, the group key of each
 # device set and each tower's count of exchanges (state of that graph, not of the process).
@@ -70,7 +71,7 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
     size, group, forward, backward = _keys(tower, value)
     if weight is None:
         return _all_reduce(tf.stop_gradient(value), tower, size, group, forward)
-    weight = tf.cast(weight, value.dtype)
+    weight = weight_in(weight, value.dtype)
 
     @tf.custom_gradient
     def summed(x):

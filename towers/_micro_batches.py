@@ -5,7 +5,7 @@ from typing import Any
 
 from towers import ops
 from towers.ops._tensorflow import tf
-from towers.ops._weighted_mean import accumulation_dtype, normalized_weights
+from towers.ops._weighted_mean import accumulation_dtype, normalized_weights, weight_in
 
 
 def _weights(sizes: list) -> list:
@@ -102,10 +102,10 @@ def _added(total: list | None, grads: list, weight: Any) -> list:
 def _scaled(grad: Any, weight: Any) -> Any:
     if isinstance(grad, tf.IndexedSlices):
         wide = accumulation_dtype(grad.values.dtype)
-        values = tf.cast(grad.values, wide) * tf.cast(weight, wide)
+        values = tf.cast(grad.values, wide) * weight_in(weight, wide)
         return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
     wide = accumulation_dtype(grad.dtype)
-    return tf.cast(grad, wide) * tf.cast(weight, wide)
+    return tf.cast(grad, wide) * weight_in(weight, wide)
 
 
 def _cast_back(total: Any, like: Any) -> Any:

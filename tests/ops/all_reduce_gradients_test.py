@@ -129,6 +129,26 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
                 if first is not None:
                     np.testing.assert_array_equal(test_util.dense(got), test_util.dense(first))
 
+    @parameterized.parameters(None, 64)
+    def test_a_float64_mean_is_exact_in_float64(self, bucket_bytes):
+        rng = np.random.default_rng(0)
+        values = [rng.normal(size=(5,)) for _ in range(4)]
+        devices = test_util.devices(4)
+
+        @tf.function
+        def reduce():
+            grads = []
+            for value, device in zip(values, devices):
+                with tf.device(device):
+                    grads.append([tf.constant(value)])
+            return ops.all_reduce_gradients(
+                grads, devices, weights=[3, 3, 2, 2], bucket_bytes=bucket_bytes
+            )
+
+        expected = sum(w * v for w, v in zip([3, 3, 2, 2], values)) / 10
+        for (mean,) in reduce():
+            np.testing.assert_allclose(mean, expected, rtol=1e-14)
+
     @parameterized.parameters(*ALGORITHMS)
     def test_sparse_gradients_made_dense_on_request(self, algorithm):
         model = test_util.Model()

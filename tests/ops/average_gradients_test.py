@@ -154,6 +154,23 @@ class AverageGradientsTest(tf.test.TestCase, parameterized.TestCase):
         grad = tf.constant([1.0])
         self.assertIs(ops.average_gradients([[grad, None]])[0], grad)
 
+    @parameterized.parameters(None, 64)
+    def test_a_float64_mean_is_exact_in_float64(self, bucket_bytes):
+        """Shard sizes 3, 3, 2, 2 weigh 0.3 and 0.2: as float32 constants, 4e-8 off."""
+        rng = np.random.default_rng(0)
+        values = [rng.normal(size=(5,)) for _ in range(4)]
+        weights = [3, 3, 2, 2]
+        variables = [tf.Variable(np.zeros(5)), tf.Variable(np.zeros(1))]
+        grads = [[tf.constant(v), tf.constant(v[:1])] for v in values]
+        dynamic = [tf.constant(w) for w in weights]  # a batch size known at run time
+        expected = sum(w * v for w, v in zip(weights, values)) / 10
+        for given in (weights, dynamic):
+            mean, _ = ops.average_gradients(
+                grads, weights=given, variables=variables, bucket_bytes=bucket_bytes
+            )
+            self.assertEqual(mean.dtype, tf.float64)
+            np.testing.assert_allclose(mean, expected, rtol=1e-14)
+
     def test_weights_are_normalized(self):
         grads = [[tf.constant(1.0)], [tf.constant(4.0)]]
         self.assertAllClose(ops.average_gradients(grads, weights=[3, 1])[0], 1.75)

@@ -28,6 +28,11 @@ class MergeOutputsTest(tf.test.TestCase, parameterized.TestCase):
         unweighted = ops.merge_outputs(means, "mean")
         test_util.assert_allclose(unweighted, np.mean([m.numpy() for m in means], 0))
 
+    def test_a_float64_mean_is_exact_in_float64(self):
+        values = [tf.constant([0.1, 7.0], tf.float64), tf.constant([1.0, 3.0], tf.float64)]
+        mean = ops.merge_outputs(values, "mean", weights=[3, 7])
+        np.testing.assert_allclose(mean, [0.3 * 0.1 + 0.7, 0.3 * 7.0 + 2.1], rtol=1e-15)
+
     def test_sum_and_stack(self):
         values = [tf.constant([1.0, 2.0]) * i for i in range(4)]
         self.assertAllEqual(ops.merge_outputs(values, "sum"), [6.0, 12.0])

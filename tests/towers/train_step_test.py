@@ -1,3 +1,4 @@
+import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -46,6 +47,52 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
             test_util.assert_allclose(loss, ref_loss, rtol=1e-5)
             test_util.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
         self.assertAllEqual(model.unused, tf.ones([2]))  # None gradient: never updated
+
+    @parameterized.parameters("ps", "replicated")
+    def test_float64_relu_steps_equal_one_device_to_float64_round_off(self, strategy):
+        """How a user checks the promise where float32 cannot: a ReLU input within float32
+        round-off of 0 takes either side depending on the split; in float64 none does."""
+
+        class ReLUNet(tf.Module):
+            def __init__(self):
+                rng = np.random.default_rng(0)
+                self.w1 = tf.Variable(rng.normal(size=(6, 32)), name="w1")
+                self.w2 = tf.Variable(rng.normal(size=(32, 3)), name="w2")
+
+            def __call__(self, x):
+                return tf.nn.relu(tf.cast(x, tf.float64) @ self.w1) @ self.w2
+
+        def loss_fn(model):
+            def fn(batch):
+                inputs, labels = batch
+                logits = model(inputs["features"])
+                return tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+                )
+
+            return fn
+
+        batches = [test_util.batch(10, seed=i) for i in range(5)]
+        reference = ReLUNet()
+        step = test_util.reference_step(reference, loss_fn(reference), 0.05)
+        for b in batches:
+            step(b)
+        devices = test_util.devices(4)
+        if strategy == "ps":
+            model = ReLUNet()
+            local = lambda: model  # noqa: E731
+        else:
+            model = towers.Replicated(ReLUNet, devices)
+            local = model.local
+        optimizer = towers.SGD(0.05)
+        towers_step = tf.function(
+            lambda b: towers.train_step(lambda s: loss_fn(local())(s), model, optimizer, b, devices)
+        )
+        for b in batches:
+            towers_step(b)
+        trained = model.replicas[0] if strategy == "replicated" else model
+        for got, want in zip(trained.trainable_variables, reference.trainable_variables):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
 
     def test_stateful_optimizer_equals_single_device(self):
         batches = [test_util.batch(11, seed=i) for i in range(STEPS)]
