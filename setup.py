@@ -29,6 +29,6 @@ setuptools.setup(
         "gpu": [f"tensorflow[and-cuda]{TF_VERSION}"],
         "tensorboard": ["tensorboard"],  # to view what towers.summary_scalar writes
         "digits": ["scikit-learn"],  # the 8x8 digits of examples/port_multi_gpu_model.py
-        "test": ["pytest", "ruff", "h5py", "wheel", "tf-keras", "scikit-learn"],
+        "test": ["pytest", "pytest-xdist", "ruff", "h5py", "wheel", "tf-keras", "scikit-learn"],
     },
 )
