@@ -438,6 +438,16 @@ class PackagingTest(tf.test.TestCase):
 
 
 class CodeRulesTest(tf.test.TestCase):
+    def test_a_test_process_starts_without_tensorflow_noise(self):
+        """TensorFlow logs INFO lines while it starts, whatever TF_CPP_MIN_LOG_LEVEL says."""
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        done = subprocess.run(
+            [sys.executable, "-c", "from tests import test_util; print(test_util.KIND)"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        self.assertEqual((done.returncode, done.stdout), (0, "CPU\n"), done.stderr[-2000:])
+        self.assertEqual(done.stderr, "")
+
     def test_library_never_imports_keras(self):
         for package in PACKAGES:
             for path in _python_files(package):

@@ -13,9 +13,12 @@ Two tiers, chosen by the environment variable `TOWERS_TEST_KIND`:
   fails as it would in a v1 session. Processes the tests start still see no GPU.
 """
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
 KIND = os.environ.get("TOWERS_TEST_KIND", "CPU").upper()
@@ -24,23 +27,49 @@ if KIND not in ("CPU", "GPU"):
 if KIND == "CPU":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU here nor in the processes tests start
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+# What TensorFlow 2.21 logs while it loads and finds its devices, before its log level applies
+# (absl writes everything to stderr until then): INFO lines, absl's notice of it, and the failed
+# cuInit that hiding the GPU causes. Everything else it writes then still shows.
+_START_NOISE = re.compile(
+    r"^(I\d{4} |WARNING: All log messages before absl::InitializeLog"
+    + (r"|E\d{4} .*failed call to cuInit" if KIND == "CPU" else "")
+    + ")"
+)
 
-import towers  # noqa: E402
 
-NUM_DEVICES = int(os.environ.get("TOWERS_TEST_DEVICES", "8"))  # workers of a test: fewer
-tf.get_logger().setLevel("ERROR")
-towers.simulate_devices(NUM_DEVICES)
-if KIND == "GPU":
-    tf.config.experimental.enable_tensor_float_32_execution(False)
-    tf.config.set_soft_device_placement(False)
-    towers.simulate_devices(
-        NUM_DEVICES, "GPU", memory_limit_mb=int(os.environ.get("TOWERS_TEST_GPU_MB", "1024"))
-    )
-    tf.config.list_logical_devices()  # CUDA is initialized: what follows is for the processes
-    os.environ.update(CUDA_VISIBLE_DEVICES="", TOWERS_TEST_KIND="CPU")  # tests start (each
-    # would take the whole GPU): they run as the CPU tier does
+@contextlib.contextmanager
+def _quiet_start():
+    """Sends file descriptor 2 to a file while TensorFlow starts, then shows all but noise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            sys.stderr.write("".join(line for line in caught if not _START_NOISE.match(line)))
+
+
+with _quiet_start():
+    import numpy as np
+    import tensorflow as tf
+
+    import towers
+
+    NUM_DEVICES = int(os.environ.get("TOWERS_TEST_DEVICES", "8"))  # workers of a test: fewer
+    tf.get_logger().setLevel("ERROR")
+    towers.simulate_devices(NUM_DEVICES)
+    if KIND == "GPU":
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        tf.config.set_soft_device_placement(False)
+        megabytes = int(os.environ.get("TOWERS_TEST_GPU_MB", "1024"))
+        towers.simulate_devices(NUM_DEVICES, "GPU", memory_limit_mb=megabytes)
+        tf.config.list_logical_devices()  # CUDA starts now (the runtime, with its GPUs)
+if KIND == "GPU":  # CUDA is initialized: for the processes tests start (each would take the
+    os.environ.update(CUDA_VISIBLE_DEVICES="", TOWERS_TEST_KIND="CPU")  # whole GPU): CPU tier
 VOCAB, FEATURES, EMBED, HIDDEN, CLASSES = 13, 6, 4, 8, 3
 
 
