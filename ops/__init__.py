@@ -9,13 +9,14 @@ variables. Nothing in this package imports the rest of `towers`.
 from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import ALGORITHMS, all_reduce_algorithm
-from towers.ops._all_reduce.collective import CollectiveAllReduce, collective_order
+from towers.ops._all_reduce.collective import CollectiveAllReduce
 from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
 from towers.ops._all_reduce_gradients import all_reduce_gradients
 from towers.ops._average_gradients import average_gradients
+from towers.ops._collectives import collective_order
 from towers.ops._merge import MODES, merge_outputs
 from towers.ops._packing import PackSpec, pack, pack_spec, unpack
 from towers.ops._split import shard_sizes, split_batch

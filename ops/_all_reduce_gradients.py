@@ -2,12 +2,13 @@
 
 from collections.abc import Sequence
 
-from towers.ops._all_reduce.base import WIRE_DTYPES, AllReduce
+from towers.ops._all_reduce.base import AllReduce, check_wire_dtype
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
-from towers.ops._all_reduce.collective import collective_order
+from towers.ops._collectives import collective_order
 from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec, unpack
+from towers.ops._slices import densified
 from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
+from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import (
     Weight,
     accumulation_dtype,
@@ -160,10 +161,7 @@ def check_options(bucket_bytes: int | None, wire_dtype: tf.DType | None, sparse:
       ValueError: naming the option, the value received and what it may be.
     """
     check_bucket_bytes(bucket_bytes)
-    if wire_dtype not in WIRE_DTYPES:
-        raise ValueError(
-            f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."
-        )
+    check_wire_dtype(wire_dtype)
     if sparse not in SPARSE_MODES:
         raise ValueError(f"`sparse` must be one of {SPARSE_MODES}; got {sparse!r}.")
 
@@ -180,7 +178,7 @@ def _dense(column: list, devices: list) -> list[tf.Tensor]:
     for grad, device in zip(column, devices):
         with tf.device(device):
             if isinstance(grad, tf.IndexedSlices):
-                grad = densify(grad, like) if like is not None else tf.convert_to_tensor(grad)
+                grad = densified(grad, like) if like is not None else tf.convert_to_tensor(grad)
             dense.append(tf.cast(grad, accumulation_dtype(grad.dtype)))
     return dense
 

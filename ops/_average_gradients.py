@@ -5,8 +5,9 @@ from collections.abc import Sequence
 from towers.ops._device_scope import device_scope
 from towers.ops._packed_average import packed_mean
 from towers.ops._packing import check_bucket_bytes
+from towers.ops._slices import densified
 from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient, check_column, check_tower_grads, densify
+from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import Weight, normalized_weights, scale, weighted_sum
 
 
@@ -97,5 +98,5 @@ def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Grad
             dense_shape=grads[0].dense_shape,
         )
     dense = next(g for g in grads if not isinstance(g, tf.IndexedSlices))
-    grads = [densify(g, dense) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    grads = [densified(g, dense) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     return weighted_sum(grads, weights)

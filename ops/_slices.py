@@ -10,9 +10,12 @@ def deduplicated(grad: tf.IndexedSlices) -> tf.IndexedSlices:
     return tf.IndexedSlices(values, unique, grad.dense_shape)
 
 
-def densified(grad: tf.IndexedSlices, var: tf.Variable) -> tf.Tensor:
-    """The dense gradient of `var`'s shape; duplicate rows add up."""
-    rows = tf.shape(var, out_type=grad.indices.dtype)[0]
+def densified(grad: tf.IndexedSlices, like: tf.Variable | tf.Tensor) -> tf.Tensor:
+    """The dense gradient, shaped like `like` (its variable, or a dense gradient of it).
+
+    Duplicate rows add up.
+    """
+    rows = tf.shape(like, out_type=grad.indices.dtype)[0]
     dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, rows)
-    dense.set_shape(var.shape)
+    dense.set_shape(like.shape)
     return dense

@@ -114,11 +114,3 @@ def check_column(grads: Sequence[Gradient], name: str) -> bool:
                 f"{type(g).__name__} in tower {i}."
             )
     return True
-
-
-def densify(grad: tf.IndexedSlices, like: tf.Tensor) -> tf.Tensor:
-    """The dense tensor of `grad`, shaped like the dense gradient `like`."""
-    num_rows = tf.shape(like, out_type=grad.indices.dtype)[0]
-    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices, num_rows)
-    dense.set_shape(like.shape)
-    return dense

@@ -15,8 +15,7 @@ number of towers.
 """
 
 from towers import (
-    _source_checkout,  # noqa: F401  (first: where `towers.ops` is)
-    ops,  # then: gives the one clear message when TensorFlow is missing
+    ops,  # first: gives the one clear message when TensorFlow is missing
     schedules,
 )
 from towers._accumulator import GradientAccumulator

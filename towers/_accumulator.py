@@ -2,9 +2,10 @@
 
 from typing import Any
 
+import tensorflow as tf
+
 from towers._variable_names import CopiedState, Copies
-from towers.ops._slices import densified
-from towers.ops._tensorflow import tf
+from towers.ops.internal import densified
 
 
 class GradientAccumulator(tf.Module, CopiedState):

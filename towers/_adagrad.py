@@ -2,9 +2,10 @@
 
 from typing import Any
 
+import tensorflow as tf
+
 from towers._optimizer import LearningRate, Optimizer
 from towers._optimizer_checks import check_coefficient
-from towers.ops._tensorflow import tf
 
 
 class Adagrad(Optimizer):

@@ -3,14 +3,15 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers._accumulator import GradientAccumulator
 from towers._loss_scale import LossScale, scale_value
 from towers._optimizer import Optimizer, update_ops
 from towers._optimizer_checks import AppliesGradients
 from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import ReducedGradients, VariableStrategy
-from towers.ops._device_scope import device_scope, host_scope
-from towers.ops._tensorflow import tf
+from towers.ops.internal import device_scope, host_scope
 
 GradientHook = Callable[[list, list], Sequence]
 

@@ -2,11 +2,12 @@
 
 from collections.abc import Sequence
 
+import tensorflow as tf
+
 from towers._cross_tower import cross_tower_sum
 from towers._tower_context import current_tower
 from towers._variable_strategy import updates_state
 from towers._workers import current_workers
-from towers.ops._tensorflow import tf
 
 
 def batch_moments(

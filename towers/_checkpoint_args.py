@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from towers._atomic_files import as_path
 from towers._weight_targets import Target
-from towers.ops._tensorflow import tf
 
 
 def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:

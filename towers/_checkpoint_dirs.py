@@ -13,10 +13,10 @@ import re
 import uuid
 
 import numpy as np
+import tensorflow as tf
 
 from towers._atomic_files import atomic_write_text, fsync_path
 from towers._directory_lock import DirectoryLock
-from towers.ops._tensorflow import tf
 
 MARKER = "towers-weights.json"  # says: towers wrote this directory
 LOCK = ".towers-weights.lock"  # one save at a time

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import tensorflow as tf
+
 from towers import _weight_formats
 from towers._atomic_files import remove_stale_temporaries
 from towers._checkpoint_args import (
@@ -31,7 +33,6 @@ from towers._optimizer_checks import check_checkpointable
 from towers._weight_targets import Target
 from towers._weights_io import save_weights
 from towers._workers import current_workers
-from towers.ops._tensorflow import tf
 
 
 class CheckpointManager:

@@ -8,24 +8,13 @@ call of each tower is one exchange. Across workers (`towers.init_workers`) the e
 spans every worker's towers.
 """
 
-import random
+
+import tensorflow as tf
 
 from towers._tower_context import TowerContext, current_tower
-from towers._worker_all_reduce import WorkersAllReduce, derived_key, workers_group_key
+from towers._worker_all_reduce import WorkersAllReduce
 from towers._workers import current_workers
-from towers.ops._all_reduce.collective import CollectiveAllReduce, outermost_graph, reduce_on
-from towers.ops._tensorflow import tf
-from towers.ops._weighted_mean import weight_in
-
-# Graph collection holding, for the outermost graph being built, the group key of each
-# device set and each tower's count of exchanges (state of that graph, not of the process).
-_KEYS = "towers.cross_tower_keys"
-# Random group keys come from here: above the small ones tf.distribute counts from 1, below
-# the range of towers.ops' CollectiveAllReduce ([2**20, 2**31)).
-_GROUP_KEYS = range(2**19, 2**20)
-# Group keys across workers, derived from the group: in [2**17, 2**17 + 2**16), below
-# WorkersAllReduce's.
-_WORKERS_GROUP_BASE = 2**17
+from towers.ops import CollectiveAllReduce, internal
 
 
 def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -> tf.Tensor:
@@ -71,7 +60,7 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
     size, group, forward, backward = _keys(tower, value)
     if weight is None:
         return _all_reduce(tf.stop_gradient(value), tower, size, group, forward)
-    weight = weight_in(weight, value.dtype)
+    weight = internal.weight_in(weight, value.dtype)
 
     @tf.custom_gradient
     def summed(x):
@@ -108,23 +97,19 @@ def _keys(tower: TowerContext, value: tf.Tensor) -> tuple[int, int, int, int]:
     and the local devices, and each instance key from the call's number in this trace,
     shape and dtype.
     """
-    graph = outermost_graph(tf.compat.v1.get_default_graph())
-    kept = graph.get_collection_ref(_KEYS)
-    if not kept:
-        kept.append({"groups": {}, "calls": {}})
-    state = kept[0]
     members = tuple(tower.devices)
-    n = state["calls"].get((members, tower.index), 0)
-    state["calls"][(members, tower.index)] = n + 1
+    n = internal.trace_count(f"cross_tower:{members}:{tower.index}") - 1  # this tower's calls
     workers = current_workers().num_workers
     if workers > 1:
         size = tower.num_towers * workers
         signature = f"cross_tower:{n}:{{}}:{value.shape}:{value.dtype.name}"
-        keys = [derived_key(signature.format(way)) for way in "fb"]
-        return size, workers_group_key(_WORKERS_GROUP_BASE, members, size), keys[0], keys[1]
-    if members not in state["groups"]:
-        state["groups"][members] = random.SystemRandom().choice(_GROUP_KEYS)
-    return tower.num_towers, state["groups"][members], 2 * n + 1, 2 * n + 2
+        forward, backward = (internal.derived_instance_key(signature.format(w)) for w in "fb")
+        group = internal.derived_group_key(internal.CROSS_TOWER_WORKERS, members, size)
+        return size, group, forward, backward
+    groups = internal.graph_state("cross_tower_groups")  # drawn once per graph and device set
+    if members not in groups:
+        groups[members] = internal.random_group_key(internal.CROSS_TOWER)
+    return tower.num_towers, groups[members], 2 * n + 1, 2 * n + 2
 
 
 def _timeout(tower: TowerContext) -> float:
@@ -145,4 +130,4 @@ def _all_reduce(
     value: tf.Tensor, tower: TowerContext, size: int, group: int, instance: int
 ) -> tf.Tensor:
     """This tower's half of one exchange, on its device, in its device's collective order."""
-    return reduce_on(tower.device, value, size, group, instance, _timeout(tower))
+    return internal.reduce_on(tower.device, value, size, group, instance, _timeout(tower))

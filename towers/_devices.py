@@ -3,8 +3,9 @@
 from collections.abc import Iterable
 from typing import Any
 
+import tensorflow as tf
+
 from towers._workers import current_workers, local_devices
-from towers.ops._tensorflow import tf
 
 KINDS = ("CPU", "GPU")
 

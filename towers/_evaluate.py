@@ -5,12 +5,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from towers import ops
 from towers._devices import device_list
 from towers._tower_builder import replicate
 from towers._variable_strategy import VariableStrategy
-from towers.ops._tensorflow import tf
 
 
 @dataclasses.dataclass(frozen=True)

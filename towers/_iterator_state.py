@@ -9,8 +9,7 @@ whose elements differ from the saved one's is refused rather than silently repla
 from typing import Any
 
 import numpy as np
-
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 # The state file members of an iterator kept under `extra={key: iterator}`: "extra/<key>/<this>".
 MEMBER = "iterator_state"

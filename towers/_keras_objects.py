@@ -12,7 +12,7 @@ depend on how many layers the process made before.
 
 from typing import Any
 
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 
 def is_keras_layer(obj: Any) -> bool:

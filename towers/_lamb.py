@@ -3,10 +3,11 @@
 from collections.abc import Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers._adam import Adam
 from towers._optimizer import LearningRate
 from towers._optimizer_checks import check_coefficient, check_decays_representable
-from towers.ops._tensorflow import tf
 
 
 class LAMB(Adam):

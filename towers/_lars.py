@@ -3,9 +3,10 @@
 from collections.abc import Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers._optimizer import LearningRate, Optimizer
 from towers._optimizer_checks import check_coefficient
-from towers.ops._tensorflow import tf
 
 
 class LARS(Optimizer):

@@ -9,8 +9,9 @@ a `DynamicLossScale` also adapts the scale; both are `tf.Module`s a checkpoint k
 
 from typing import Any
 
+import tensorflow as tf
+
 from towers._optimizer_checks import check_coefficient
-from towers.ops._tensorflow import tf
 
 
 class LossScale(tf.Module):

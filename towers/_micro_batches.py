@@ -3,9 +3,10 @@
 from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
+
 from towers import ops
-from towers.ops._tensorflow import tf
-from towers.ops._weighted_mean import accumulation_dtype, normalized_weights, weight_in
+from towers.ops.internal import accumulation_dtype, normalized_weights, weight_in
 
 
 def _weights(sizes: list) -> list:

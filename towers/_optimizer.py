@@ -12,12 +12,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import tensorflow as tf
+
 from towers._optimizer_checks import check_learning_rate
 from towers._variable_names import CopiedState, Copies, canonical_name
 from towers._weight_targets import variable_copies
-from towers.ops._device_scope import device_scope
-from towers.ops._slices import deduplicated, densified
-from towers.ops._tensorflow import tf
+from towers.ops.internal import deduplicated, densified, device_scope
 
 Gradient = tf.Tensor | tf.IndexedSlices
 LearningRate = float | tf.Tensor | tf.Variable | Callable[[tf.Tensor], Any]

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
-
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 
 class AppliesGradients(Protocol):

@@ -5,16 +5,15 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers import ops
 from towers._devices import canonical_device, check_devices_exist, device_list
 from towers._tower_context import TowerContext
 from towers._variable_names import Copies, names_of, without_tower_scope
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
 from towers._workers import current_workers
-from towers.ops._packing import check_bucket_bytes
-from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient
-from towers.ops._weighted_mean import Weight
+from towers.ops.internal import Gradient, Weight, check_bucket_bytes
 
 BUCKET_BYTES = 64 << 10  # pack the small gradients; a large one costs a transfer anyway
 

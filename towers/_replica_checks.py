@@ -1,10 +1,10 @@
 """Checks that replicated copies agree: in structure when built, bit for bit after steps."""
 
 import numpy as np
+import tensorflow as tf
 
 from towers._variable_names import names_of
 from towers._weight_targets import Target, variable_copies
-from towers.ops._tensorflow import tf
 
 
 def check_replicas_identical(target: Target) -> None:

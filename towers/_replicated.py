@@ -4,6 +4,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers import ops
 from towers._devices import check_devices_exist, device_list
 from towers._replica_checks import check_new_replica, check_same_structure
@@ -12,10 +14,7 @@ from towers._variable_names import Copies, names_of
 from towers._variable_strategy import ReducedGradients, VariableStrategy, trainable_list
 from towers._worker_all_reduce import algorithm_for_workers, broadcast_from_chief
 from towers._workers import current_workers
-from towers.ops._all_reduce_gradients import check_options
-from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient
-from towers.ops._weighted_mean import Weight
+from towers.ops.internal import Gradient, Weight, check_all_reduce_options
 
 
 class Replicated(VariableStrategy):
@@ -77,7 +76,7 @@ class Replicated(VariableStrategy):
         if not self.devices or len(set(self.devices)) != len(self.devices):
             raise ValueError(f"`devices` must be distinct and non-empty; got {self.devices}.")
         check_devices_exist(self.devices)
-        check_options(bucket_bytes, wire_dtype, sparse)
+        check_all_reduce_options(bucket_bytes, wire_dtype, sparse)
         self.algorithm = algorithm_for_workers(all_reduce)
         self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
         self.replicas = []

@@ -5,7 +5,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 
 class Schedule(abc.ABC):

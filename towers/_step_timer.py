@@ -4,10 +4,10 @@ import datetime
 import time
 from collections.abc import Callable
 
+import tensorflow as tf
 from absl import logging
 
 from towers._summaries import summary_scalar
-from towers.ops._tensorflow import tf
 
 
 class StepTimer:

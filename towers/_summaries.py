@@ -2,8 +2,9 @@
 
 from typing import Any
 
+import tensorflow as tf
+
 from towers._tower_context import current_tower
-from towers.ops._tensorflow import tf
 
 
 def _scalar_metadata() -> bytes:

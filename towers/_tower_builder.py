@@ -4,12 +4,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers._devices import check_devices_exist, device_list
 from towers._parameter_server import ParameterServer
 from towers._tower_context import TowerContext, current_tower
 from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import VariableStrategy
-from towers.ops._tensorflow import tf
 
 
 @user_code_entry

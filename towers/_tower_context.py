@@ -4,7 +4,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 _local = threading.local()
 

@@ -4,6 +4,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers import ops
 from towers._accumulator import GradientAccumulator
 from towers._apply_reduced import NONFINITE, GradientHook, apply_reduced
@@ -16,7 +18,6 @@ from towers._tower_builder import replicate, resolve_strategy
 from towers._tower_context import current_tower
 from towers._user_code import as_caller_would, user_code_entry
 from towers._variable_strategy import VariableStrategy
-from towers.ops._tensorflow import tf
 
 Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 F = TypeVar("F", bound=Callable[..., Any])
 

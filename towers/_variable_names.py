@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers._keras_objects import (
     as_tf_variable,
     is_keras_layer,
@@ -18,7 +20,6 @@ from towers._keras_objects import (
 )
 from towers._keras_objects import frozen as keras_frozen
 from towers._tower_context import TowerContext
-from towers.ops._tensorflow import tf
 
 # Canonical name -> every copy of that variable (one per replica), the first first.
 Copies = dict[str, tuple[tf.Variable, ...]]

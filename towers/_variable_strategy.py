@@ -11,12 +11,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from towers._keras_objects import is_keras_layer
 from towers._tower_context import TowerContext, current_tower
 from towers._variable_names import Copies, walk_model
-from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient
-from towers.ops._weighted_mean import Weight
+from towers.ops.internal import Gradient, Weight
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,10 +11,10 @@ import zipfile
 import zlib
 
 import numpy as np
+import tensorflow as tf
 
 from towers._atomic_files import atomic_write
 from towers._checkpoint_dirs import read_checkpoint, write_checkpoint
-from towers.ops._tensorflow import tf
 
 SUFFIXES = {".npz": "npz", ".h5": "h5", ".hdf5": "h5", ".ckpt": "checkpoint", "": "checkpoint"}
 _MAGIC = {b"PK\x03\x04": "npz", b"\x89HDF\r\n\x1a\n": "h5"}

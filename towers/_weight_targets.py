@@ -2,9 +2,10 @@
 
 from collections.abc import Mapping, Sequence
 
+import tensorflow as tf
+
 from towers._variable_names import CopiedState, Copies, names_of
 from towers._variable_strategy import VariableStrategy
-from towers.ops._tensorflow import tf
 
 Target = (
     tf.Module | Sequence[tf.Variable] | Mapping[str, tf.Variable] | VariableStrategy | CopiedState

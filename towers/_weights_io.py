@@ -4,12 +4,12 @@ import dataclasses
 import os
 
 import numpy as np
+import tensorflow as tf
 
 from towers import _weight_formats
 from towers._atomic_files import as_path
 from towers._checkpoint_records import latest_checkpoint_file
 from towers._weight_targets import Target, named_variables, variable_copies
-from towers.ops._tensorflow import tf
 
 
 @dataclasses.dataclass(frozen=True)

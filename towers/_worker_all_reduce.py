@@ -1,26 +1,19 @@
 """An all-reduce over every worker's towers: one `CollectiveReduceV2` per local device."""
 
-import zlib
+
+import tensorflow as tf
 
 from towers._workers import current_workers
-from towers.ops._all_reduce.base import AllReduce, spread, sum_on
-from towers.ops._all_reduce.by_name import all_reduce_algorithm
-from towers.ops._all_reduce.collective import (
+from towers.ops import (
+    AllReduce,
     CollectiveAllReduce,
+    all_reduce_algorithm,
     collective_order,
-    outermost_graph,
+    internal,
 )
-from towers.ops._tensorflow import tf
 
-# Group keys of cross-worker reductions: the same on every worker (derived, not drawn), in
-# [2**18, 2**18 + 2**17), below the ranges of towers.ops' CollectiveAllReduce and of
-# cross_tower_sum within one worker.
-_GROUP_BASE = 2**18
 # The default timeout of reductions in v1 graphs (see WorkersAllReduce), in seconds.
 V1_TIMEOUT_SECONDS = 300.0
-_LEADERS_BASE = 2**16  # offset of the groups of one device per worker (local_first)
-# Graph collection numbering this trace's cross-worker reductions (state of the graph).
-_CALLS = "towers.worker_all_reduce_calls"
 
 
 class WorkersAllReduce(CollectiveAllReduce):
@@ -67,8 +60,14 @@ class WorkersAllReduce(CollectiveAllReduce):
     def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
         """Keys every worker derives alike; see the class docstring."""
         size = self.group_size(len(devices))
-        base = _GROUP_BASE + (_LEADERS_BASE if self.local_first else 0)
-        return size, workers_group_key(base, devices, size), _instance_key(value)
+        keys = internal.WORKER_LEADERS if self.local_first else internal.WORKERS
+        number = internal.trace_count("workers_all_reduce")  # the same on every worker
+        signature = f"{number}:{value.shape}:{value.dtype.name}"
+        return (
+            size,
+            internal.derived_group_key(keys, devices, size),
+            internal.derived_instance_key(signature),
+        )
 
     def sum(
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
@@ -76,9 +75,9 @@ class WorkersAllReduce(CollectiveAllReduce):
         """Across workers, after a local sum when `local_first`; see `AllReduce.sum`."""
         if not self.local_first or len(set(devices)) != len(devices):
             return super().sum(values, devices, wire_dtype)  # which refuses repeated devices
-        local = sum_on(devices[0], values, devices, wire_dtype)
+        local = internal.sum_on(devices[0], values, devices, wire_dtype)
         (total,) = super().sum([local], devices[:1], wire_dtype)
-        return spread(total, devices[0], devices, values[0].dtype, wire_dtype)
+        return internal.spread(total, devices[0], devices, values[0].dtype, wire_dtype)
 
 
 def algorithm_for_workers(all_reduce: str | AllReduce) -> AllReduce:
@@ -129,37 +128,3 @@ def _assign_chiefs(algorithm: AllReduce, devices: list, groups: list) -> list:
         for copy, value in zip(copies, algorithm(values, devices)):
             assigned.append(copy.assign(value))
     return assigned
-
-
-def workers_group_key(base: int, devices: list[str], size: int) -> int:
-    """A group key every worker derives alike, in [base, base + 2**16).
-
-    From the group's size and the local devices' types and indices (not their job or task,
-    which differ between workers): two device sets of one worker get different keys.
-    """
-    local = ",".join(
-        f"{spec.device_type}:{spec.device_index}"
-        for spec in map(tf.DeviceSpec.from_string, devices)
-    )
-    return base + zlib.crc32(f"{size}|{local}".encode()) % 2**16
-
-
-def _instance_key(value: tf.Tensor) -> int:
-    """The next reduction's key in this trace, the same on every worker.
-
-    From its number in the trace, shape and dtype.
-    """
-    graph = outermost_graph(tf.compat.v1.get_default_graph())
-    kept = graph.get_collection_ref(_CALLS)
-    if not kept:
-        kept.append([0])
-    kept[0][0] += 1
-    return derived_key(f"{kept[0][0]}:{value.shape}:{value.dtype.name}")
-
-
-def derived_key(signature: str) -> int:
-    """An instance key every worker derives alike from `signature`, in [1, 2**31).
-
-    crc32, since Python's own hash is salted per process.
-    """
-    return 1 + zlib.crc32(signature.encode()) % (2**31 - 1)

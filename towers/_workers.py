@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from towers.ops._tensorflow import tf
+import tensorflow as tf
 
 LEADER = "/job:{job}/replica:0/task:0"
 

@@ -127,6 +127,11 @@ def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
             )
     if reduction not in REDUCTIONS:
         raise ValueError(f"`reduction` must be one of {REDUCTIONS}; got {reduction!r}.")
+    check_wire_dtype(wire_dtype)
+
+
+def check_wire_dtype(wire_dtype: tf.DType | None) -> None:
+    """Refuses a transfer dtype other than None, float16 and bfloat16 (a `ValueError`)."""
     if wire_dtype not in WIRE_DTYPES:
         raise ValueError(
             f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."

@@ -1,24 +1,9 @@
 """All-reduce algorithms by name."""
 
-from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
-from towers.ops._all_reduce.collective import CollectiveAllReduce
-from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
-from towers.ops._all_reduce.nccl import NcclAllReduce
-from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
-from towers.ops._all_reduce.ring import RingAllReduce
+from towers.ops._all_reduce.hierarchical import ACROSS, HierarchicalAllReduce
 
-_CLASSES = {
-    c.name: c
-    for c in (
-        AutoAllReduce,
-        CollectiveAllReduce,
-        HierarchicalAllReduce,
-        NcclAllReduce,
-        ReduceBroadcastAllReduce,
-        RingAllReduce,
-    )
-}
+_CLASSES = {**ACROSS, HierarchicalAllReduce.name: HierarchicalAllReduce}
 ALGORITHMS = tuple(sorted(_CLASSES))
 
 

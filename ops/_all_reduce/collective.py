@@ -1,19 +1,10 @@
 """TensorFlow's collective all-reduce (`CollectiveReduceV2`), ordered per device."""
 
-import contextlib
 import itertools
-import random
-from collections.abc import Iterator
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._collectives import ALL_REDUCE, random_group_key, reduce_on
 from towers.ops._tensorflow import tf
-
-# Random group keys come from here; tf.distribute numbers its own groups from 1.
-_GROUP_KEYS = range(2**20, 2**31)
-# Where a graph keeps its ordering tokens (a graph collection: state of the graph being built).
-_TOKENS = "towers.ops.collective_ordering_tokens"
-# Where a v1 graph keeps its chains of collectives per device (see `collective_order`).
-_CHAINS = "towers.ops.collective_v1_chains"
 
 
 class CollectiveAllReduce(AllReduce):
@@ -34,8 +25,9 @@ class CollectiveAllReduce(AllReduce):
     Every instance owns its keys: its group keys (one per device set) and its instance keys
     (one per all-reduce it builds); two models in one process never mix their collectives.
     Group keys are process-wide in TensorFlow's runtime; an instance draws each at random
-    from [2**20, 2**31) unless `group_key` fixes it. Collectives that must meet another
-    process's (several workers) need keys that agree: pass the same `group_key` there.
+    from [2**20, 2**31) (the range `towers.ops` keeps for it; see `ops.internal`) unless
+    `group_key` fixes it. Collectives that must meet another process's (several workers) need
+    keys that agree: pass the same `group_key` there.
 
     A timeout makes each collective slower in TensorFlow 2.21 (about 0.5 ms per small
     all-reduce between local devices, 2 ms between processes, measured on loopback; 5-10%
@@ -70,8 +62,7 @@ class CollectiveAllReduce(AllReduce):
         if group_key is not None and (
             isinstance(group_key, bool)
             or not isinstance(group_key, int)
-            or group_key < _GROUP_KEYS.start
-            or group_key >= _GROUP_KEYS.stop
+            or group_key not in ALL_REDUCE
         ):
             raise ValueError(
                 f"`group_key` must be an int in [2**20, 2**31) or None (keys below 2**20 are "
@@ -96,7 +87,7 @@ class CollectiveAllReduce(AllReduce):
             if self._first_group_key is not None:
                 self._groups[members] = self._first_group_key + len(self._groups)
             else:
-                self._groups[members] = random.SystemRandom().choice(_GROUP_KEYS)
+                self._groups[members] = random_group_key(ALL_REDUCE)
         return self._groups[members]
 
     def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
@@ -154,135 +145,3 @@ class CollectiveAllReduce(AllReduce):
             return self.timeout_seconds
         in_function = tf.compat.v1.executing_eagerly_outside_functions()
         return 0.0 if in_function else self.v1_timeout_seconds
-
-
-def reduce_on(
-    device: str, value: tf.Tensor, size: int, group: int, instance: int, timeout: float
-) -> tf.Tensor:
-    """`device`'s `CollectiveReduceV2` (a sum) of `value`, after the device's previous one.
-
-    Inside `tf.function` the device's ordering token orders it; in a v1 graph it waits for
-    the device's previous collective of the open `collective_order` block (or the graph's),
-    through its input: TensorFlow 2.21 drops control inputs given to a collective op.
-
-    Args:
-      device: The device it runs on.
-      value: This device's value.
-      size: The group's size.
-      group: The group key.
-      instance: The instance key.
-      timeout: Seconds to wait for the group; 0 for ever.
-
-    Returns:
-      The sum, on `device`.
-    """
-    in_function = tf.compat.v1.executing_eagerly_outside_functions()
-    chain = None if in_function else v1_chain()
-    with tf.device(device):
-        if chain and device in chain:
-            with tf.control_dependencies([chain[device]]):
-                value = tf.identity(value)
-        summed = tf.raw_ops.CollectiveReduceV2(
-            input=value,
-            group_size=size,
-            group_key=group,
-            instance_key=instance,
-            ordering_token=[ordering_token(device)] if in_function else [],
-            merge_op="Add",
-            final_op="Id",
-            timeout_seconds=timeout,
-        )
-    if chain is not None:
-        chain[device] = summed.op
-    return summed
-
-
-@contextlib.contextmanager
-def collective_order() -> Iterator[None]:
-    """In a v1 graph, chains the collectives built inside, per device, in build order.
-
-    A unit that is run on its own (one training step, a broadcast of initial values) builds
-    its collectives in one block, so that they wait for one another and for no other unit's
-    (`train_step` and `all_reduce_gradients` open one; a block inside a block is part of it).
-    Outside any block, a v1 graph's collectives form one chain per device. Inside
-    `tf.function`, tokens order collectives and this does nothing.
-
-    Yields:
-      Nothing.
-
-    Example:
-      >>> with tf.Graph().as_default():
-      ...     with ops.collective_order():
-      ...         summed = ops.CollectiveAllReduce()(values, devices)
-    """
-    chains = _chains()
-    if chains["blocks"]:  # inside a block: part of it
-        yield
-        return
-    chains["blocks"].append({})
-    try:
-        yield
-    finally:
-        chains["blocks"].pop()
-
-
-def v1_chain() -> dict:
-    """Device -> the last collective of the open `collective_order` block (or the graph's).
-
-    Returns:
-      The dict to read the collective to wait for from, and to record a new one in.
-    """
-    chains = _chains()
-    return chains["blocks"][-1] if chains["blocks"] else chains["graph"]
-
-
-def _chains() -> dict:
-    """This graph's chain outside blocks and its stack of open blocks (graph state)."""
-    kept = tf.compat.v1.get_default_graph().get_collection_ref(_CHAINS)
-    if not kept:
-        kept.append({"graph": {}, "blocks": []})
-    return kept[0]
-
-
-def ordering_token(device: str) -> tf.Tensor:
-    """`device`'s ordering token in the graph being built: an unused resource handle.
-
-    Every collective of a function that takes it is chained, per device, by `tf.function`'s
-    automatic control dependencies, in the order the collectives were built; all collectives
-    the library builds on a device share it. It lives in the outermost function graph.
-
-    Args:
-      device: The device of the collectives to order.
-
-    Returns:
-      The handle, made on first use in this graph.
-    """
-    graph = outermost_graph(tf.compat.v1.get_default_graph())
-    kept = graph.get_collection_ref(_TOKENS)
-    if not kept:
-        kept.append({})
-    tokens = kept[0]
-    if device not in tokens:
-        # Made in the function itself, not in a tf.cond branch or loop body being built: a
-        # token of a branch would be out of reach of the function's later collectives.
-        with graph.as_default(), tf.device(device):
-            tokens[device] = tf.raw_ops.VarHandleOp(
-                dtype=tf.float32, shape=[], shared_name=f"towers_ordering_{len(tokens)}"
-            )
-    return tokens[device]
-
-
-def outermost_graph(graph: tf.Graph) -> tf.Graph:
-    """The function graph that a `tf.cond` branch or loop body being built belongs to.
-
-    Args:
-      graph: The graph being built.
-
-    Returns:
-      `graph` itself unless it is nested in another function graph.
-    """
-    while getattr(graph, "outer_graph", None) is not None and hasattr(
-        graph.outer_graph, "outer_graph"
-    ):
-        graph = graph.outer_graph
-    return graph

@@ -1,7 +1,25 @@
 """Hierarchical all-reduce: sum within groups of devices, all-reduce across their leaders."""
 
+from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce, spread, sum_on
+from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.nccl import NcclAllReduce
+from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
+from towers.ops._all_reduce.ring import RingAllReduce
 from towers.ops._tensorflow import tf
+
+# The built-in algorithms a hierarchical all-reduce can run among its group leaders, by name:
+# every one but itself (`ops.ALGORITHMS` adds it).
+ACROSS = {
+    c.name: c
+    for c in (
+        AutoAllReduce,
+        CollectiveAllReduce,
+        NcclAllReduce,
+        ReduceBroadcastAllReduce,
+        RingAllReduce,
+    )
+}
 
 
 class HierarchicalAllReduce(AllReduce):
@@ -19,12 +37,14 @@ class HierarchicalAllReduce(AllReduce):
     Args:
       devices_per_group: Devices per group; None for two groups (the first half of the
         devices, and the rest), as on machines of two switches or sockets.
-      across: The all-reduce among the group leaders: a name from `ops.ALGORITHMS` or an
-        `ops.AllReduce` (default a ring).
+      across: The all-reduce among the group leaders: the name of a built-in flat algorithm
+        ("ring", the default, "reduce_broadcast", "collective", "nccl", "auto") or an
+        `ops.AllReduce`.
 
     Raises:
       ValueError: if `devices_per_group` is not a positive int, or `across` is unknown or
         reaches beyond this process.
+      TypeError: if `across` is neither a name nor an `ops.AllReduce`.
     """
 
     name = "hierarchical"
@@ -38,10 +58,8 @@ class HierarchicalAllReduce(AllReduce):
             raise ValueError(
                 f"`devices_per_group` must be a positive int or None; got {devices_per_group!r}."
             )
-        from towers.ops._all_reduce.by_name import all_reduce_algorithm  # noqa: PLC0415 (cycle)
-
         self.devices_per_group = devices_per_group
-        self.across = all_reduce_algorithm(across)
+        self.across = _leaders_algorithm(across)
         if self.across.group_size(2) != 2:
             raise ValueError(
                 f"`across` must reduce among this process's group leaders only; "
@@ -79,3 +97,17 @@ class HierarchicalAllReduce(AllReduce):
             for i, copy in zip(group, spread(total, leader, members, values[0].dtype, wire_dtype)):
                 out[i] = copy
         return out
+
+
+def _leaders_algorithm(across: str | AllReduce) -> AllReduce:
+    """`across` as an instance: a new one for a name of `ACROSS`."""
+    if isinstance(across, AllReduce):
+        return across
+    if not isinstance(across, str):
+        raise TypeError(
+            f"`across` must be a name from {tuple(sorted(ACROSS))} or an ops.AllReduce; got "
+            f"{type(across).__name__}."
+        )
+    if across not in ACROSS:
+        raise ValueError(f"`across` must be one of {tuple(sorted(ACROSS))}; got {across!r}.")
+    return ACROSS[across]()

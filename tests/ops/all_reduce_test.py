@@ -5,11 +5,11 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
-from towers.ops._all_reduce import nccl
 
 import towers
 from tests import test_util
 from towers import ops
+from towers.ops._all_reduce import nccl
 
 CPU_ALGORITHMS = (
     "reduce_broadcast",
@@ -274,8 +274,6 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_collectives_in_a_v1_graph_chain_within_their_block(self):
         """Each `collective_order` block is a unit run alone: no wait on another block."""
-        from towers.ops._all_reduce.collective import collective_order  # noqa: PLC0415
-
         devices = test_util.devices(2)
         with tf.Graph().as_default() as graph:
             algorithm = ops.CollectiveAllReduce()
@@ -283,9 +281,9 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             for i, device in enumerate(devices):
                 with tf.device(device):
                     values.append(tf.constant([float(i + 1)]))
-            with collective_order():  # every device's results are fetched: a session runs
+            with ops.collective_order():  # every device's results are fetched: a session runs
                 first = [algorithm(values, devices) for _ in range(2)]  # only what is needed
-            with collective_order():
+            with ops.collective_order():
                 second = [algorithm(values, devices) for _ in range(2)]
             with tf.compat.v1.Session(config=towers.session_config()) as sess:
                 self.assertAllEqual(sess.run(first), [[[3.0]] * 2] * 2)  # a unit run alone
@@ -373,8 +371,12 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         for size in (0, -1, 1.5, True):
             with self.assertRaisesRegex(ValueError, "`devices_per_group` must be a positive"):
                 ops.HierarchicalAllReduce(size)
-        with self.assertRaisesRegex(ValueError, r"`algorithm` must be one of .*got 'tree'"):
+        with self.assertRaisesRegex(ValueError, r"`across` must be one of .*got 'tree'"):
             ops.HierarchicalAllReduce(across="tree")
+        with self.assertRaisesRegex(ValueError, r"`across` must be one of .*got 'hierarchical'"):
+            ops.HierarchicalAllReduce(across="hierarchical")
+        with self.assertRaisesRegex(TypeError, "`across` must be a name from .* got int"):
+            ops.HierarchicalAllReduce(across=3)
         with self.assertRaisesRegex(TypeError, "a name from .* or an ops.AllReduce; got int"):
             ops.all_reduce_algorithm(3)
         with self.assertRaisesRegex(

@@ -1,0 +1,71 @@
+"""What the rest of `towers` builds on from `towers.ops`, beyond the ops users call.
+
+`from towers.ops import internal`: documented and tested like the rest, for code that builds
+tower machinery on `towers.ops` (the `towers` package itself, a library of your own); a
+training program needs none of it. It is the one door through which `towers` reaches into
+`towers.ops`: no module of `towers` imports a private module of `towers.ops`.
+
+- Collectives (the one owner of their keys and order, see `towers.ops._collectives`): the
+  group-key ranges `ALL_REDUCE`, `CROSS_TOWER`, `CROSS_TOWER_WORKERS`, `WORKERS` and
+  `WORKER_LEADERS`; `random_group_key`, `derived_group_key`, `derived_instance_key`,
+  `trace_count`, `graph_state`; `reduce_on` (a device's collective sum, ordered after its
+  previous one) and `outermost_graph`.
+- All-reduce pieces: `sum_on` (the sum of K values on one device) and `spread` (one value
+  copied to K devices, bitwise equal), `check_all_reduce_options`.
+- Weights of a mean: `normalized_weights`, `weight_in`, `accumulation_dtype`, and the types
+  `Weight` and `Gradient`.
+- Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
+  unique), `check_bucket_bytes`.
+- Placement: `device_scope` (a device, or the caller's scope for None) and `host_scope` (the
+  CPU beside the device in scope, for ops without a GPU kernel).
+"""
+
+from towers.ops._all_reduce.base import spread, sum_on
+from towers.ops._all_reduce_gradients import check_options as check_all_reduce_options
+from towers.ops._collectives import (
+    ALL_REDUCE,
+    CROSS_TOWER,
+    CROSS_TOWER_WORKERS,
+    WORKER_LEADERS,
+    WORKERS,
+    derived_group_key,
+    derived_instance_key,
+    graph_state,
+    outermost_graph,
+    random_group_key,
+    reduce_on,
+    trace_count,
+)
+from towers.ops._device_scope import device_scope, host_scope
+from towers.ops._packing import check_bucket_bytes
+from towers.ops._slices import deduplicated, densified
+from towers.ops._tower_grads import Gradient
+from towers.ops._weighted_mean import Weight, accumulation_dtype, normalized_weights, weight_in
+
+__all__ = [
+    "ALL_REDUCE",
+    "CROSS_TOWER",
+    "CROSS_TOWER_WORKERS",
+    "WORKERS",
+    "WORKER_LEADERS",
+    "Gradient",
+    "Weight",
+    "accumulation_dtype",
+    "check_all_reduce_options",
+    "check_bucket_bytes",
+    "deduplicated",
+    "densified",
+    "derived_group_key",
+    "derived_instance_key",
+    "device_scope",
+    "graph_state",
+    "host_scope",
+    "normalized_weights",
+    "outermost_graph",
+    "random_group_key",
+    "reduce_on",
+    "spread",
+    "sum_on",
+    "trace_count",
+    "weight_in",
+]
