@@ -13,6 +13,20 @@ each get the right build:
 import setuptools
 
 TF_VERSION = ">=2.16,<3"
+# The subpackages of `towers`, lowest first (README's "Layout" says what each owns).
+WINGS = (
+    "workers",
+    "core",
+    "variables",
+    "optimizers",
+    "step",
+    "layers",
+    "files",
+    "weights",
+    "checkpoints",
+    "progress",
+    "bench",
+)
 
 setuptools.setup(
     name="tf-towers",
@@ -20,7 +34,12 @@ setuptools.setup(
     description="Data-parallel training of TensorFlow models on several devices, in graph mode.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["towers", "towers.bench", "towers.ops", "towers.ops._all_reduce"],
+    packages=[
+        "towers",
+        *(f"towers.{wing}" for wing in WINGS),
+        "towers.ops",
+        "towers.ops._all_reduce",
+    ],
     package_dir={"towers.ops": "ops"},
     python_requires=">=3.10",
     install_requires=["numpy", "absl-py"],

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 from towers.ops._all_reduce.base import AllReduce, check_wire_dtype
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
+from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
 from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec, unpack
 from towers.ops._slices import densified
@@ -21,7 +22,7 @@ from towers.ops._weighted_mean import (
 SPARSE_MODES = ("gather", "dense")
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def all_reduce_gradients(
     tower_grads: Sequence[Sequence[Gradient]],
     devices: Sequence[str],

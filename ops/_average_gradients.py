@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 
+from towers.ops._autograph import library_code
 from towers.ops._device_scope import device_scope
 from towers.ops._packed_average import packed_mean
 from towers.ops._packing import check_bucket_bytes
@@ -11,7 +12,7 @@ from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import Weight, normalized_weights, scale, weighted_sum
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def average_gradients(
     tower_grads: Sequence[Sequence[Gradient]],
     weights: Sequence[Weight] | None = None,

@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
+from towers.ops._autograph import library_code
 from towers.ops._device_scope import device_scope
 from towers.ops._leaf_paths import leaf_paths
 from towers.ops._tensorflow import tf
@@ -11,7 +12,7 @@ from towers.ops._weighted_mean import Weight, normalized_weights, weighted_sum
 MODES = ("concat", "mean", "sum", "stack")
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def merge_outputs(
     per_tower: Sequence[Any],
     mode: str | Any,

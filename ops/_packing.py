@@ -3,6 +3,7 @@
 import dataclasses
 from collections.abc import Sequence
 
+from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
 
@@ -74,7 +75,7 @@ def check_bucket_bytes(bucket_bytes: int | None) -> None:
         )
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     """Flattens and concatenates the tensors of each bucket: one 1-D tensor per bucket.
 
@@ -101,7 +102,7 @@ def pack(tensors: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     return buckets
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def unpack(buckets: Sequence[tf.Tensor], spec: PackSpec) -> list[tf.Tensor]:
     """Splits packed buckets back into tensors of their original shapes and order.
 

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from towers.ops._autograph import library_code
 from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._leaf_paths import leaf_paths
 from towers.ops._tensorflow import tf
@@ -64,7 +65,7 @@ def _batch_size(inputs: Nested) -> int | tf.Tensor:
         return tf.identity(sizes[0])
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int | tf.Tensor]:
     """The sizes of the shards `split_batch` makes: exact, differing by at most one.
 
@@ -114,7 +115,7 @@ def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int |
         return tf.unstack(base + tf.cast(tf.range(num_splits) < extra, tf.int32), num_splits)
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def split_batch(inputs: Nested, num_splits: int, *, device: str | None = "/cpu:0") -> list:
     """Splits every tensor of a nested batch along its first dimension into `num_splits` shards.
 

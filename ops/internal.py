@@ -16,12 +16,16 @@ training program needs none of it. It is the one door through which `towers` rea
   `Weight` and `Gradient`.
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
   unique), `check_bucket_bytes`.
+- The AutoGraph rule: `library_code` marks a function AutoGraph must not convert (every
+  public function of `towers` and `towers.ops` carries it, or calls user code through
+  `towers.core.user_code_entry`).
 - Placement: `device_scope` (a device, or the caller's scope for None) and `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel).
 """
 
 from towers.ops._all_reduce.base import spread, sum_on
 from towers.ops._all_reduce_gradients import check_options as check_all_reduce_options
+from towers.ops._autograph import library_code
 from towers.ops._collectives import (
     ALL_REDUCE,
     CROSS_TOWER,
@@ -60,6 +64,7 @@ __all__ = [
     "device_scope",
     "graph_state",
     "host_scope",
+    "library_code",
     "normalized_weights",
     "outermost_graph",
     "random_group_key",

@@ -251,7 +251,9 @@ class PublicSurfaceTest(tf.test.TestCase):
 
     def test_ops_surface_is_pinned(self):
         self.assertEqual(sorted(ops.__all__), sorted(OPS_NAMES))
-        self.assertEqual({n for n in dir(ops) if not n.startswith("_")}, set(ops.__all__))
+        # `ops.internal` is the one named door for towers' own use, outside `__all__`.
+        public = {n for n in dir(ops) if not n.startswith("_")} - {"internal"}
+        self.assertEqual(public, set(ops.__all__))
 
     def test_every_public_name_is_documented_and_annotated(self):
         problems = []

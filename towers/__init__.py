@@ -18,34 +18,41 @@ from towers import (
     ops,  # first: gives the one clear message when TensorFlow is missing
     schedules,
 )
-from towers._accumulator import GradientAccumulator
-from towers._adagrad import Adagrad
-from towers._adam import Adam, AdamW
-from towers._apply_reduced import apply_reduced, apply_replicated
-from towers._batch_norm import BatchNorm, batch_moments
-from towers._checkpoint_manager import CheckpointManager
-from towers._cross_tower import cross_tower_sum
-from towers._devices import canonical_device, list_devices, session_config, simulate_devices
-from towers._evaluate import Evaluation, evaluate
-from towers._lamb import LAMB
-from towers._lars import LARS
-from towers._loss_scale import DynamicLossScale, LossScale
-from towers._optimizer import Optimizer
-from towers._parameter_server import ParameterServer
-from towers._replica_checks import check_replicas_identical
-from towers._replicated import Replicated
-from towers._rmsprop import RMSProp
-from towers._sgd import SGD
-from towers._step_timer import StepTimer
-from towers._summaries import summary_scalar
-from towers._tower_builder import replicate
-from towers._tower_context import TowerContext, current_tower
-from towers._train_step import tower_gradients, train_step, variable_list
-from towers._variable_strategy import ReducedGradients, VariableStrategy, updates_state
-from towers._weight_targets import named_variables
-from towers._weights_io import RestoreReport, read_weights, restore_weights, save_weights
-from towers._worker_all_reduce import WorkersAllReduce
-from towers._workers import WorkerInfo, barrier, current_workers, init_workers
+from towers.checkpoints import CheckpointManager
+from towers.core import (
+    TowerContext,
+    canonical_device,
+    cross_tower_sum,
+    current_tower,
+    list_devices,
+    session_config,
+    simulate_devices,
+)
+from towers.layers import BatchNorm, batch_moments
+from towers.optimizers import LAMB, LARS, SGD, Adagrad, Adam, AdamW, Optimizer, RMSProp
+from towers.progress import Evaluation, StepTimer, evaluate, summary_scalar
+from towers.step import (
+    DynamicLossScale,
+    GradientAccumulator,
+    LossScale,
+    apply_reduced,
+    apply_replicated,
+    replicate,
+    tower_gradients,
+    train_step,
+    variable_list,
+)
+from towers.variables import (
+    ParameterServer,
+    ReducedGradients,
+    Replicated,
+    VariableStrategy,
+    check_replicas_identical,
+    named_variables,
+    updates_state,
+)
+from towers.weights import RestoreReport, read_weights, restore_weights, save_weights
+from towers.workers import WorkerInfo, WorkersAllReduce, barrier, current_workers, init_workers
 
 __all__ = [
     "LAMB",

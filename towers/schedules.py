@@ -4,7 +4,7 @@ Each is a callable of the optimizer's step count (the number of updates done, 0 
 first); give one as an optimizer's `learning_rate`. `LinearWarmup` ramps into any of them.
 """
 
-from towers._schedules import (
+from towers.optimizers.schedules import (
     Constant,
     CosineDecay,
     ExponentialDecay,

@@ -3,6 +3,7 @@
 import abc
 from collections.abc import Sequence
 
+from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
 REDUCTIONS = ("sum", "mean")
@@ -38,7 +39,7 @@ class AllReduce(abc.ABC):
 
     name = "base"
 
-    @tf.autograph.experimental.do_not_convert
+    @library_code
     def __call__(
         self,
         values: Sequence[tf.Tensor],

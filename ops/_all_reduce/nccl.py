@@ -5,6 +5,7 @@ import uuid
 from collections.abc import Sequence
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
 
@@ -25,7 +26,7 @@ class NcclAllReduce(AllReduce):
         self._counter = itertools.count(1)
 
     @staticmethod
-    @tf.autograph.experimental.do_not_convert
+    @library_code
     def refusal(devices: Sequence[str]) -> str | None:
         """Why NCCL cannot all-reduce over `devices`, or None when it can.
 
@@ -79,7 +80,7 @@ class NcclAllReduce(AllReduce):
         return out
 
 
-@tf.autograph.experimental.do_not_convert
+@library_code
 def physical_gpu_of_logical() -> list[int]:
     """The visible physical GPU (its position among them) of each logical GPU, in order.
 

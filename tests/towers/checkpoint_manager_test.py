@@ -13,7 +13,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
-from towers import _checkpoint_manager as _manager_module
+from towers.checkpoints import _manager as _manager_module
 
 
 def _run(directory, k, start, stop, momentum, manager_kwargs=None):

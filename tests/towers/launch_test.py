@@ -19,7 +19,7 @@ import time
 from absl import flags
 from absl.testing import absltest
 
-from towers import launch
+from towers.workers import launch
 
 _TIMEOUT = 20  # seconds, for every launcher run
 

@@ -234,15 +234,15 @@ class BadFilesTest(tf.test.TestCase, parameterized.TestCase):
         npz = self._saved("w.npz")
         disguised = os.path.join(self.get_temp_dir(), "really_npz.h5")
         os.rename(npz, disguised)
-        with self.assertRaisesRegex(ValueError, r"really_npz.h5' holds .npz data"):
+        with self.assertRaisesRegex(ValueError, r"really_npz.h5' holds .npz \(numpy\) data"):
             towers.restore_weights(_built_model(), disguised)
         h5_as_npz = os.path.join(self.get_temp_dir(), "really_h5.npz")
         os.rename(self._saved("w.h5"), h5_as_npz)
-        with self.assertRaisesRegex(ValueError, r"really_h5.npz' holds .h5 data"):
+        with self.assertRaisesRegex(ValueError, r"really_h5.npz' holds .h5 or .hdf5 \(HDF5\) data"):
             towers.restore_weights(_built_model(), h5_as_npz)
         with self.assertRaisesRegex(
             ValueError,
-            r"'.*no_suffix' holds .h5 data.*a TensorFlow "
+            r"'.*no_suffix' holds .h5 or .hdf5 \(HDF5\) data.*a TensorFlow "
             "checkpoint is a directory or a prefix",
         ):
             os.rename(h5_as_npz, os.path.join(self.get_temp_dir(), "no_suffix"))
@@ -255,7 +255,7 @@ class BadFilesTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "truncated or corrupt"):
             towers.read_weights(path)
 
-    def test_missing_path_names_it_and_the_latest_checkpoint(self):
+    def test_missing_path_names_it_and_the_weights_files_nearby(self):
         missing = os.path.join(self.get_temp_dir(), "nothing.npz")
         with self.assertRaisesRegex(FileNotFoundError, "No weights file at .*nothing.npz'.$"):
             towers.restore_weights(_built_model(), missing)
@@ -265,8 +265,7 @@ class BadFilesTest(tf.test.TestCase, parameterized.TestCase):
         manager.save(12)
         with self.assertRaisesRegex(
             FileNotFoundError,
-            r"latest checkpoint found there is "
-            r".*ckpt-00000012.weights.npz",
+            r"Weights files there, newest first: \[.*'ckpt-00000012.weights.npz'",
         ):
             towers.restore_weights(_built_model(), directory)
         with self.assertRaisesRegex(FileNotFoundError, "ckpt-00000012"):

@@ -13,7 +13,8 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
-from towers import _parameter_server, launch
+from towers.variables import _parameter_server
+from towers.workers import launch
 
 # What a survivor may see: the peer's connection reset, or the coordination service's verdict.
 ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError", "CancelledError")

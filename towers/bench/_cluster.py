@@ -27,7 +27,7 @@ def cluster_rows(
     so it runs with one; towers runs with each of `per_worker` (local_first and flat are
     the same with one device, measured once).
     """
-    from towers.launch import free_ports, tf_config  # noqa: PLC0415  (no TF import here)
+    from towers.workers.launch import free_ports, tf_config  # noqa: PLC0415  (no TF import here)
 
     roles = [("multi_worker_mirrored", 1)]
     for devices in per_worker:

@@ -1,0 +1,78 @@
+"""The arguments a `CheckpointManager` checks where they are given."""
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from towers.files import as_path
+from towers.variables import Target
+
+
+def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:
+    """The extra state by key; keys are names without '/' (they become name prefixes)."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping) or not all(
+        isinstance(k, str) and k and "/" not in k for k in extra
+    ):
+        raise TypeError(
+            f"`extra` must map names without '/' to state (tf.Modules, lists or dicts of "
+            f"variables, tf.data iterators); got {extra!r}."
+        )
+    return dict(extra)
+
+
+def check_options(
+    every_n_steps: Any, keep_last: Any, monitor: Any, suffix: Any, suffixes: Any
+) -> None:
+    """The manager's numeric and named options, or a ValueError naming the one that is off."""
+    if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
+        raise ValueError(f"`every_n_steps` must be a positive int or None; got {every_n_steps!r}.")
+    if not is_int(keep_last) or keep_last < 1:
+        raise ValueError(f"`keep_last` must be a positive int; got {keep_last!r}.")
+    if monitor not in (None, "min", "max"):
+        raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
+    if suffix not in suffixes:
+        raise ValueError(f"`suffix` must be one of {sorted(suffixes)}; got {suffix!r}.")
+
+
+def checked_directory(directory: Any) -> str:
+    """The checkpoint directory as a path: not empty, not a file."""
+    path = as_path(directory, "directory")
+    if not path:
+        raise ValueError("`directory` must name a directory; got ''.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`directory` {path!r} is a file; CheckpointManager needs a directory.")
+    return path
+
+
+def check_session(session: Any) -> None:
+    """A v1 graph needs its session: the manager reads and assigns variables through it."""
+    if session is None and not tf.executing_eagerly():
+        raise ValueError(
+            "In a v1 graph the manager reads and assigns variables through a session: pass "
+            "CheckpointManager(..., session=sess)."
+        )
+
+
+def check_step(step: Any) -> int:
+    """`step` as an int, or a ValueError naming it (an int >= 0 that int64 holds)."""
+    if not is_int(step) or not 0 <= step < 2**63:
+        raise ValueError(f"`step` must be an int >= 0 (and < 2**63); got {step!r}.")
+    return int(step)
+
+
+def finite_number(value: Any) -> float | None:
+    """`value` as a float if it is a finite real number, else None."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) else None
+    return None
+
+
+def is_int(value: Any) -> bool:
+    """Whether `value` is a Python or numpy integer (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -1,0 +1,82 @@
+"""Adagrad."""
+
+from typing import Any
+
+import tensorflow as tf
+
+from towers.optimizers._checks import check_coefficient
+from towers.optimizers._optimizer import LearningRate, Optimizer
+
+
+class Adagrad(Optimizer):
+    """Adagrad: `a += g^2; w -= lr g / (sqrt(a) + eps)`, `a` starting at a positive value.
+
+    TensorFlow's fused `ResourceApplyAdagradV2` kernel. Sparse gradients update only their
+    rows (`ResourceSparseApplyAdagradV2`, duplicate rows summed first): exact, since other
+    rows' accumulators and weights do not change.
+
+    Args:
+      learning_rate: The step size: a number, a scalar tensor or variable, or a schedule.
+      initial_accumulator_value: Where the accumulators start, > 0.
+      epsilon: Added to the accumulator's root, > 0.
+      name: The module's name.
+
+    Raises:
+      TypeError: if an argument is not a number (or `learning_rate` a schedule...).
+      ValueError: if an argument is out of range.
+    """
+
+    slot_names = ("accumulator",)
+
+    def __init__(
+        self,
+        learning_rate: LearningRate = 0.001,
+        initial_accumulator_value: float = 0.1,
+        epsilon: float = 1e-7,
+        name: str = "Adagrad",
+    ):
+        super().__init__(learning_rate, name=name)
+        for value, label in (
+            (initial_accumulator_value, "initial_accumulator_value"),
+            (epsilon, "epsilon"),
+        ):
+            check_coefficient(value, label, 0.0, float("inf"), closed=False)
+            if value <= 0:
+                raise ValueError(f"`{label}` must be > 0; got {label}={value}.")
+        self.initial_slot_value = float(initial_accumulator_value)
+        self.epsilon = float(epsilon)
+
+    def update(
+        self,
+        grad: tf.Tensor,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """See `Optimizer.update`."""
+        return tf.raw_ops.ResourceApplyAdagradV2(
+            var=var.handle,
+            accum=slots["accumulator"].handle,
+            lr=lr,
+            epsilon=tf.cast(self.epsilon, var.dtype),
+            grad=grad,
+        )
+
+    def update_sparse(
+        self,
+        grad: tf.IndexedSlices,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """Rows only; see `Optimizer.update_sparse`."""
+        return tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=var.handle,
+            accum=slots["accumulator"].handle,
+            lr=lr,
+            epsilon=tf.cast(self.epsilon, var.dtype),
+            grad=grad.values,
+            indices=grad.indices,
+        )

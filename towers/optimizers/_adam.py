@@ -1,0 +1,123 @@
+"""Adam, and AdamW with decoupled weight decay."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from towers.optimizers._checks import check_coefficient, check_decays_representable
+from towers.optimizers._optimizer import LearningRate, Optimizer
+
+
+class Adam(Optimizer):
+    """Adam, with moments `m`, `v` and a bias correction folded into the step size.
+
+    `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    w -= lr sqrt(1-b2^t) / (1-b1^t) * m / (sqrt(v) + eps)`, t the 1-based update count.
+    TensorFlow's fused `ResourceApplyAdam` kernel, one op per variable. Sparse gradients are
+    made dense: every row's moments decay.
+
+    Args:
+      learning_rate: The step size: a number, a scalar tensor or variable, or a schedule.
+      beta_1: The first moment's decay, in [0, 1).
+      beta_2: The second moment's decay, in [0, 1).
+      epsilon: Added to the root of the second moment, > 0.
+      name: The module's name.
+
+    Raises:
+      TypeError: if an argument is not a number (or `learning_rate` a schedule...).
+      ValueError: if an argument is out of range.
+    """
+
+    slot_names = ("m", "v")
+    uses_step = True
+
+    def __init__(
+        self,
+        learning_rate: LearningRate = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str = "Adam",
+    ):
+        super().__init__(learning_rate, name=name)
+        check_coefficient(beta_1, "beta_1", 0.0, 1.0, closed=False)
+        check_coefficient(beta_2, "beta_2", 0.0, 1.0, closed=False)
+        check_coefficient(epsilon, "epsilon", 0.0, float("inf"), closed=False)
+        if epsilon <= 0:
+            raise ValueError(f"`epsilon` must be > 0; got epsilon={epsilon}.")
+        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+
+    def update(
+        self,
+        grad: tf.Tensor,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """See `Optimizer.update`."""
+        check_decays_representable(var, beta_1=self.beta_1, beta_2=self.beta_2)
+        b1, b2 = tf.cast(self.beta_1, var.dtype), tf.cast(self.beta_2, var.dtype)
+        return tf.raw_ops.ResourceApplyAdam(
+            var=var.handle,
+            m=slots["m"].handle,
+            v=slots["v"].handle,
+            beta1_power=tf.pow(b1, step),
+            beta2_power=tf.pow(b2, step),
+            lr=lr,
+            beta1=b1,
+            beta2=b2,
+            epsilon=tf.cast(self.epsilon, var.dtype),
+            grad=grad,
+        )
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: `w -= lr * weight_decay * w`, then the Adam update.
+
+    Variables whose canonical name matches a pattern of `exclude` (biases, normalization
+    parameters) get no decay.
+
+    Args:
+      learning_rate: The step size: a number, a scalar tensor or variable, or a schedule.
+      weight_decay: The decay coefficient, >= 0 (scaled by the learning rate).
+      beta_1: The first moment's decay, in [0, 1).
+      beta_2: The second moment's decay, in [0, 1).
+      epsilon: Added to the root of the second moment, > 0.
+      exclude: Regular expressions; a variable whose name matches one gets no decay.
+      name: The module's name.
+
+    Raises:
+      TypeError: if an argument is not a number (or `learning_rate` a schedule...).
+      ValueError: if an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        learning_rate: LearningRate = 0.001,
+        weight_decay: float = 0.004,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        exclude: Sequence[str] = ("bias", "norm"),
+        name: str = "AdamW",
+    ):
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, name=name)
+        check_coefficient(weight_decay, "weight_decay", 0.0, float("inf"), closed=False)
+        self.weight_decay, self.exclude = float(weight_decay), tuple(exclude)
+
+    def update(
+        self,
+        grad: tf.Tensor,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """See `Optimizer.update`."""
+        if self.weight_decay and not self.excluded(var, self.exclude):
+            decayed = var.assign_sub(var * (lr * tf.cast(self.weight_decay, var.dtype)))
+            with tf.control_dependencies([getattr(decayed, "op", decayed)]):
+                return super().update(grad, var, slots, lr, step)
+        return super().update(grad, var, slots, lr, step)

@@ -1,0 +1,72 @@
+"""RMSProp, plain or centered, with optional momentum."""
+
+from typing import Any
+
+import tensorflow as tf
+
+from towers.optimizers._checks import check_coefficient
+from towers.optimizers._optimizer import LearningRate, Optimizer
+
+
+class RMSProp(Optimizer):
+    """RMSProp, plain or centered, with optional momentum.
+
+    `ms = rho ms + (1-rho) g^2; mom = momentum mom + lr g / sqrt(ms + eps); w -= mom`;
+    centered, `ms - mg^2` replaces `ms`, with `mg = rho mg + (1-rho) g`.
+    TensorFlow's fused `ResourceApplyRMSProp` (`ResourceApplyCenteredRMSProp`) kernel; as in
+    TensorFlow, epsilon is inside the root. Sparse gradients are made dense.
+
+    Args:
+      learning_rate: The step size: a number, a scalar tensor or variable, or a schedule.
+      rho: The decay of the mean square, in [0, 1).
+      momentum: The momentum coefficient, in [0, 1).
+      epsilon: Added to the mean square under the root, > 0.
+      centered: Whether to divide by the estimated variance instead of the mean square.
+      name: The module's name.
+
+    Raises:
+      TypeError: if an argument is not a number (or `learning_rate` a schedule...).
+      ValueError: if an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        learning_rate: LearningRate = 0.001,
+        rho: float = 0.9,
+        momentum: float = 0.0,
+        epsilon: float = 1e-7,
+        centered: bool = False,
+        name: str = "RMSProp",
+    ):
+        super().__init__(learning_rate, name=name)
+        check_coefficient(rho, "rho", 0.0, 1.0, closed=False)
+        check_coefficient(momentum, "momentum", 0.0, 1.0, closed=False)
+        check_coefficient(epsilon, "epsilon", 0.0, float("inf"), closed=False)
+        if epsilon <= 0:
+            raise ValueError(f"`epsilon` must be > 0; got epsilon={epsilon}.")
+        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+        self.centered = bool(centered)
+        self.slot_names = ("ms", "mom", "mg") if centered else ("ms", "mom")
+
+    def update(
+        self,
+        grad: tf.Tensor,
+        var: tf.Variable,
+        slots: dict[str, tf.Variable],
+        lr: tf.Tensor,
+        step: tf.Tensor,
+    ) -> Any:
+        """See `Optimizer.update`."""
+        common = dict(
+            var=var.handle,
+            ms=slots["ms"].handle,
+            mom=slots["mom"].handle,
+            lr=lr,
+            rho=tf.cast(self.rho, var.dtype),
+            momentum=tf.cast(self.momentum, var.dtype),
+            epsilon=tf.cast(self.epsilon, var.dtype),
+            grad=grad,
+        )
+        if self.centered:
+            return tf.raw_ops.ResourceApplyCenteredRMSProp(mg=slots["mg"].handle, **common)
+        return tf.raw_ops.ResourceApplyRMSProp(**common)

@@ -1,0 +1,130 @@
+"""Gradient accumulation across calls: one update every N calls of the training step."""
+
+from typing import Any
+
+import tensorflow as tf
+
+from towers.ops.internal import densified
+from towers.variables import CopiedState, Copies
+
+
+class GradientAccumulator(tf.Module, CopiedState):
+    """Sums the gradients of `every` calls of `train_step`, then applies their exact mean.
+
+    Like Horovod's `backward_passes_per_step`: each call adds its reduced (unscaled) gradients
+    times its batch size to per-variable sums (one per copy, on the variable's device); every
+    `every`-th call the hook and the optimizer get the sums divided by the number of examples
+    since the last update, which is the gradient of the mean loss over all those batches,
+    also when they differ in size. The sums, the call count and the example count are state:
+    keep them with `CheckpointManager(..., extra={"accumulator": accumulator})`.
+    `tf.IndexedSlices` are accumulated dense.
+
+    Args:
+      every: Calls per update, >= 1.
+      name: The module's name.
+
+    Raises:
+      TypeError: if `every` is not an int.
+      ValueError: if `every` < 1.
+
+    Example:
+      >>> accumulator = towers.GradientAccumulator(every=4)
+      >>> towers.train_step(loss_fn, model, optimizer, batch, devices, accumulate=accumulator)
+    """
+
+    _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_sums"}
+
+    def __init__(self, every: int, name: str = "gradient_accumulator"):
+        super().__init__(name=name)
+        if isinstance(every, bool) or not isinstance(every, int):
+            raise TypeError(f"`every` must be an int; got {every!r}.")
+        if every < 1:
+            raise ValueError(f"`every` must be >= 1; got every={every}.")
+        self.every = every
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self.calls = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="calls")
+            self.examples = tf.Variable(0.0, trainable=False, name="examples")
+        self._sums: dict[Any, tuple[str, int, tf.Variable]] = {}  # var.ref() -> its sum
+        self.sum_variables: list[tf.Variable] = []
+
+    def build(self, copies: Copies) -> None:
+        """Creates the sums of every copy of every variable that lacks one.
+
+        Args:
+          copies: Canonical name -> the variable's copies, as strategies give them.
+        """
+        for name, group in copies.items():
+            for copy, var in enumerate(group):
+                if var.ref() not in self._sums:
+                    with tf.init_scope(), tf.device(var.device):
+                        total = tf.Variable(
+                            tf.zeros(var.shape, var.dtype), trainable=False, name=f"{name}/sum"
+                        )
+                    self._sums[var.ref()] = (name, copy, total)
+                    self.sum_variables.append(total)
+
+    def variable_copies(self) -> Copies:
+        """The sums by "sums/<variable>" (one per copy), and the call and example counts.
+
+        Returns:
+          Name -> the state of each copy, the first copy's first.
+        """
+        found: dict[str, dict[int, tf.Variable]] = {}
+        for name, copy, total in self._sums.values():
+            found.setdefault(f"sums/{name}", {})[copy] = total
+        copies = {name: tuple(v for _, v in sorted(c.items())) for name, c in found.items()}
+        return {**copies, "calls": (self.calls,), "examples": (self.examples,)}
+
+    def ready(self) -> tf.Tensor:
+        """Whether this call completes `every` calls (read before `finish`).
+
+        Returns:
+          A boolean scalar.
+        """
+        with tf.device(self.calls.device):
+            return tf.equal((self.calls + 1) % self.every, 0)
+
+    def add(self, grads: list, variables: list, batch_size: Any) -> list:
+        """Adds one copy's gradients times the batch size; returns the mean since the update.
+
+        Args:
+          grads: The reduced gradients of this call (None: nothing added).
+          variables: The variables they belong to (one copy).
+          batch_size: This call's number of examples.
+
+        Returns:
+          Per variable, the sum so far divided by the examples so far (None stays None).
+        """
+        examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
+        means = []
+        for grad, var in zip(grads, variables):
+            if grad is None:
+                means.append(None)
+                continue
+            total = self._sums[var.ref()][2]
+            with tf.device(var.device):
+                if isinstance(grad, tf.IndexedSlices):
+                    grad = densified(grad, var)
+                added = total.assign_add(grad * tf.cast(batch_size, grad.dtype))
+                means.append(tf.convert_to_tensor(added) / tf.cast(examples, grad.dtype))
+        return means
+
+    def finish(self, ready: tf.Tensor, batch_size: Any, after: list) -> Any:
+        """Counts the call; after an update (`ready`) zeroes the sums and the example count.
+
+        Args:
+          ready: From `ready()`, for this call.
+          batch_size: This call's number of examples.
+          after: Ops that must run first (the update, which reads the sums).
+
+        Returns:
+          The op.
+        """
+        with tf.control_dependencies(after):
+            resets = [
+                total.assign(tf.where(ready, tf.zeros_like(total), total))
+                for _, _, total in self._sums.values()
+            ]
+            with tf.device(self.calls.device):
+                examples = tf.where(ready, 0.0, self.examples + tf.cast(batch_size, tf.float32))
+                return tf.group(resets, self.examples.assign(examples), self.calls.assign_add(1))

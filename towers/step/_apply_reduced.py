@@ -1,0 +1,277 @@
+"""Applying a strategy's reduced gradients: the gradient hook, checked, then the optimizer."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from towers.core import as_caller_would, user_code_entry
+from towers.ops.internal import device_scope, host_scope, library_code
+from towers.optimizers import AppliesGradients, Optimizer, update_ops
+from towers.step._accumulator import GradientAccumulator
+from towers.step._loss_scale import LossScale, scale_value
+from towers.variables import ReducedGradients, VariableStrategy
+
+GradientHook = Callable[[list, list], Sequence]
+
+
+@user_code_entry
+def apply_reduced(
+    reduced: Sequence[ReducedGradients],
+    optimizer: AppliesGradients,
+    gradient_hook: GradientHook | None = None,
+    *,
+    loss_scale: LossScale | float | None = None,
+    nonfinite: str | None = None,
+    accumulate: GradientAccumulator | None = None,
+    batch_size: Any = None,
+) -> list:
+    """Applies each copy's reduced gradients: unscaled, the hook (if any), the optimizer.
+
+    Args:
+      reduced: From a strategy's `reduce_gradients`.
+      optimizer: Anything with `apply_gradients`; each copy's update is built under its
+        `device` (when it has one), each variable's on that variable's device.
+      gradient_hook: As in `train_step`, called once per entry of `reduced` with the unscaled
+        (and accumulated) gradients.
+      loss_scale: The loss scale the gradients carry (divided out here); a `LossScale`
+        object is also told whether the step was finite.
+      nonfinite: What a gradient with a NaN or Inf does: "raise" (the step fails before any
+        variable changes), "skip" (no copy is updated, the optimizer's state included) or
+        None (no check).
+      accumulate: A `GradientAccumulator`: the gradients are added to its sums, and the
+        hook and the optimizer run only every `every` calls, on the mean.
+      batch_size: This call's number of examples (needed with `accumulate`).
+
+    Returns:
+      The updates (and the loss scale's and the accumulator's).
+
+    Raises:
+      ValueError: if the hook returns the wrong number of gradients, or one of a wrong shape
+        or dtype (checked while the graph is built); rows of `tf.IndexedSlices` it returns
+        are checked when the step runs, before any variable changes; or if `nonfinite` is
+        unknown.
+      TypeError: if the hook is not callable or returns something else than gradients.
+    """
+    if gradient_hook is not None and not callable(gradient_hook):
+        raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
+    _state_per_copy(optimizer, reduced)
+    given = []
+    for copy in reduced:
+        with device_scope(copy.device):
+            grads = _unscaled(copy.grads, loss_scale)
+            if accumulate is not None:
+                grads = accumulate.add(grads, copy.variables, batch_size)
+            given.append(grads)
+
+    def now() -> list:
+        return _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite)
+
+    if accumulate is None:
+        return now()
+    ready = accumulate.ready()
+    applied = tf.cond(ready, lambda: _true_after(now()), lambda: tf.constant(False))
+    return [applied, accumulate.finish(ready, batch_size, after=update_ops(applied))]
+
+
+def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) -> list:
+    """The hook on each copy's gradients, their checks, then the optimizer (or a skip)."""
+    hook = None if gradient_hook is None else as_caller_would(gradient_hook)
+    apply_gradients = optimizer.apply_gradients
+    if not isinstance(optimizer, Optimizer):  # a user's rule may use Python control flow
+        apply_gradients = as_caller_would(apply_gradients)
+    hooked, checks, finite = [], [], []
+    for copy, grads in zip(reduced, given):
+        with device_scope(copy.device):
+            if hook is not None:
+                hooked_grads = hook(grads, copy.variables)
+                checks += _checked(hooked_grads, grads, copy.variables)
+                grads = hooked_grads
+            if nonfinite is not None:
+                finite.append(all_finite(grads))
+            if nonfinite == "raise":
+                checks.append(_assert_finite(finite[-1], copy.variables))
+        hooked.append(grads)
+    # One verdict for all copies: a hook that treats copies differently must not split them.
+    finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
+    updates = []
+    for copy, grads in zip(reduced, hooked):
+        with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
+            pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
+            if nonfinite == "skip":
+                updates.append(_applied_if(finite, apply_gradients, pairs))
+            else:
+                updates.append(apply_gradients(pairs))
+    if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
+        with tf.control_dependencies(update_ops(updates)):
+            updates.append(loss_scale.update(finite))
+    return updates
+
+
+@library_code
+def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradients]) -> None:
+    """Gives every copy its own optimizer state, or refuses an optimizer that cannot.
+
+    A towers optimizer builds state for copy i from `reduced[i]`, named as copy 0's (state
+    built already, e.g. by `train_step` from the model's names, stays as it is). Any other
+    optimizer would keep one state for all copies and update it once per copy per step.
+    """
+    if len(reduced) < 2:
+        return
+    if not isinstance(optimizer, Optimizer):
+        raise ValueError(
+            f"With {len(reduced)} copies of the variables (towers.Replicated), the optimizer "
+            "must keep state per copy and count one step per step: use a towers optimizer "
+            f"(towers.SGD, towers.Adam, ...); got {type(optimizer).__name__}, which would "
+            f"update its state {len(reduced)} times per step."
+        )
+    firsts = reduced[0].variables
+    names = [optimizer.state_name(var) for var in firsts]
+    optimizer.build(
+        {name: tuple(copy.variables[j] for copy in reduced) for j, name in enumerate(names)}
+    )
+
+
+def _true_after(updates: list) -> tf.Tensor:
+    with tf.control_dependencies(update_ops(updates)):
+        return tf.constant(True)
+
+
+NONFINITE = ("raise", "skip", None)
+
+
+@library_code
+def all_finite(grads: Sequence) -> tf.Tensor:
+    """Whether every value of every gradient is finite (a boolean scalar)."""
+    checks = [
+        tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+        for g in grads
+        if g is not None
+    ]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
+    if loss_scale is None:
+        return list(grads)
+    inverse = 1.0 / tf.cast(scale_value(loss_scale), tf.float32)
+    out = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            g = tf.IndexedSlices(
+                g.values * tf.cast(inverse, g.values.dtype), g.indices, g.dense_shape
+            )
+        elif g is not None:
+            g = g * tf.cast(inverse, g.dtype)
+        out.append(g)
+    return out
+
+
+def _assert_finite(finite: tf.Tensor, variables: list) -> Any:
+    with host_scope():  # Assert has no GPU kernel
+        return tf.debugging.Assert(
+            finite,
+            [
+                f"A gradient holds NaN or Inf; no variable was changed. Variables: "
+                f"{[v.name for v in variables]}. Pass nonfinite='skip' (or a loss scale) to skip "
+                "such steps instead."
+            ],
+        )
+
+
+def _applied_if(finite: tf.Tensor, apply_gradients: Callable, pairs: list) -> tf.Tensor:
+    """The update under `tf.cond`: a True output when applied, False when skipped."""
+
+    def apply() -> tf.Tensor:
+        return _true_after([apply_gradients(pairs)])
+
+    return tf.cond(finite, apply, lambda: tf.constant(False))
+
+
+def apply_replicated(
+    replicas: VariableStrategy,
+    tower_grads: list,
+    sizes: list,
+    optimizer: AppliesGradients,
+    gradient_hook: GradientHook | None = None,
+) -> list:
+    """All-reduces tower gradients and applies the same update to every replica.
+
+    The same as `apply_reduced(replicas.reduce_gradients(replicas, tower_grads, sizes), ...)`.
+
+    Args:
+      replicas: The `Replicated` model (or another strategy holding its copies).
+      tower_grads: `K x N` gradients, tower i's for replica i's variables.
+      sizes: The shard sizes (weights of the mean).
+      optimizer: Applies each replica's update on its device; state per copy.
+      gradient_hook: As in `train_step`, called once per replica with its (identical)
+        reduced gradients; it must treat them alike to keep the replicas identical.
+
+    Returns:
+      The K optimizer updates.
+    """
+    return apply_reduced(
+        replicas.reduce_gradients(replicas, tower_grads, sizes), optimizer, gradient_hook
+    )
+
+
+@library_code
+def _checked(grads: Sequence, given: Sequence, variables: list[tf.Variable]) -> list:
+    """Checks the hook's gradients against the variables; returns the run-time checks.
+
+    Shapes and dtypes are checked now, while the graph is built. Rows of `tf.IndexedSlices`
+    the hook made (not those it was given) are checked when the step runs: every update
+    waits for these checks, so a bad row changes no variable.
+    """
+    if not isinstance(grads, (list, tuple)) or len(grads) != len(variables):
+        raise ValueError(
+            f"`gradient_hook` must return a list of {len(variables)} gradients, one per "
+            f"variable; got {grads!r}."
+        )
+    checks = []
+    for grad, original, var in zip(grads, given, variables):
+        if grad is None:
+            continue
+        if not isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
+            raise TypeError(
+                f"`gradient_hook` returned a {type(grad).__name__} for variable {var.name}; "
+                "return tf.Tensor, tf.IndexedSlices or None."
+            )
+        _check_shape(grad, var)
+        if isinstance(grad, tf.IndexedSlices) and grad is not original:
+            checks += _checked_rows(grad, var)
+    return checks
+
+
+def _check_shape(grad: tf.Tensor | tf.IndexedSlices, var: tf.Variable) -> None:
+    sparse = isinstance(grad, tf.IndexedSlices)
+    values = grad.values if sparse else grad
+    shape, got = (var.shape[1:], values.shape[1:]) if sparse else (var.shape, values.shape)
+    if values.dtype != var.dtype or not got.is_compatible_with(shape):
+        raise ValueError(
+            f"`gradient_hook` returned a {values.dtype.name}{values.shape} gradient for "
+            f"variable {var.name} of {var.dtype.name}{var.shape}; return one of the "
+            "variable's shape and dtype (cast with tf.cast), or None to skip it."
+        )
+    if sparse:
+        indices = grad.indices
+        rows_agree = indices.shape[:1].is_compatible_with(values.shape[:1])
+        if indices.dtype not in (tf.int32, tf.int64) or indices.shape.rank != 1 or not rows_agree:
+            raise ValueError(
+                f"`gradient_hook` returned tf.IndexedSlices for variable {var.name} whose "
+                f"indices are {indices.dtype.name}{indices.shape} for values of shape "
+                f"{values.shape}; indices must be one int32 or int64 row index per value row."
+            )
+
+
+def _checked_rows(grad: tf.IndexedSlices, var: tf.Variable) -> list:
+    rows = tf.cast(tf.shape(var)[0], grad.indices.dtype)
+    message = f"`gradient_hook` returned row indices outside [0, rows) for variable {var.name}"
+    with host_scope():  # Assert has no GPU kernel
+        checks = [
+            tf.debugging.assert_non_negative(grad.indices, message=message),
+            tf.debugging.assert_less(grad.indices, rows, message=message),
+        ]
+    return [c for c in checks if c is not None]  # eagerly they ran (and passed) already

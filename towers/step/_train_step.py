@@ -1,0 +1,281 @@
+"""A whole data-parallel training step, as a thin composition of the library's stages."""
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from towers import ops
+from towers.core import as_caller_would, current_tower, device_list, user_code_entry
+from towers.ops.internal import library_code
+from towers.optimizers import AppliesGradients, Optimizer, is_keras, update_ops
+from towers.step._accumulator import GradientAccumulator
+from towers.step._apply_reduced import NONFINITE, GradientHook, apply_reduced
+from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value
+from towers.step._micro_batches import check_micro_batches, in_micro_batches
+from towers.step._tower_builder import replicate, resolve_strategy
+from towers.variables import VariableStrategy
+
+Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
+
+
+@user_code_entry
+def tower_gradients(
+    loss_fn: Callable[[Any], Any],
+    variables: Variables,
+    shard: Any,
+    *,
+    variable_strategy: VariableStrategy | None = None,
+    loss_scale: Any = None,
+    micro_batches: int = 1,
+    merge: str | Any = "concat",
+) -> tuple[tf.Tensor, Any, list]:
+    """Runs `loss_fn` on one shard and returns its loss, outputs and gradients.
+
+    Args:
+      loss_fn: Called with the shard; returns the mean loss over the shard (a scalar), or a
+        pair `(loss, outputs)`.
+      variables: The variables to differentiate, a `tf.Module` whose trainable variables
+        are read after `loss_fn` ran (so a model may create them on its first call), or a
+        strategy holding its own copies (`Replicated`: the current tower's copy).
+      shard: This tower's inputs.
+      variable_strategy: The strategy that says which variables this tower reads; default
+        the strategy of the tower being built (`replicate`'s), else as in `train_step`.
+      loss_scale: None, a number or a `towers.LossScale`: the gradients are those of the
+        loss times the scale (the loss returned is not scaled).
+      micro_batches: Run the shard as this many parts, one after the other (the memory of
+        one part), gradients and loss averaged by part size.
+      merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
+
+    Returns:
+      `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
+      with the tower's variables.
+
+    Raises:
+      ValueError: if the loss is not a floating scalar, or there are no variables.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    micro_batches = check_micro_batches(micro_batches)
+    loss_fn = as_caller_would(loss_fn)
+
+    def one_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
+        with tf.GradientTape() as tape:
+            loss, outputs = _loss_and_outputs(loss_fn(inputs))
+            scale = 1.0 if loss_scale is None else scale_value(loss_scale)
+            scaled = loss if loss_scale is None else loss * tf.cast(scale, loss.dtype)
+        trained = strategy.tower_variables(variables, current_tower())
+        return loss, outputs, tape.gradient(scaled, trained)
+
+    if micro_batches == 1:
+        return one_pass(shard)
+    return in_micro_batches(one_pass, shard, micro_batches, merge)
+
+
+@library_code
+def _loss_and_outputs(result: Any) -> tuple[tf.Tensor, Any]:
+    """`loss_fn`'s result as (a floating scalar loss, outputs or None), or a clear error."""
+    if isinstance(result, (tuple, list)) and len(result) != 2:
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard, or a pair (loss, outputs); got "
+            f"a {type(result).__name__} of {len(result)}. Group extra outputs: "
+            "`return loss, (logits, other)`."
+        )
+    loss, outputs = result if isinstance(result, (tuple, list)) else (result, None)
+    if not isinstance(loss, (tf.Tensor, tf.Variable, float)):
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard as a floating scalar tensor (or "
+            f"a pair (loss, outputs)); got {type(loss).__name__}. Did it forget to return?"
+        )
+    loss = tf.convert_to_tensor(loss)
+    if loss.shape.rank != 0 or not loss.dtype.is_floating:
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard as a floating scalar (or a "
+            f"pair (loss, outputs)); got {loss.dtype.name} of shape {loss.shape}. Reduce it "
+            "with tf.reduce_mean."
+        )
+    return loss, outputs
+
+
+@library_code
+def variable_list(
+    variables: Variables, *, variable_strategy: VariableStrategy | None = None
+) -> list[tf.Variable]:
+    """The variables the current tower trains (the first copy's outside towers).
+
+    Args:
+      variables: A sequence of `tf.Variable`, a `tf.Module` (its trainable variables), or a
+        strategy holding its own copies such as `Replicated` (the current tower's copy).
+      variable_strategy: As in `train_step`; inside a tower, default the tower's.
+
+    Returns:
+      The variables, as a list.
+
+    Raises:
+      ValueError: if there are none, or something else than a variable is among them.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    return strategy.tower_variables(variables, current_tower())
+
+
+@user_code_entry
+def train_step(
+    loss_fn: Callable[[Any], Any],
+    variables: Variables,
+    optimizer: AppliesGradients,
+    inputs: Any,
+    devices: Sequence[str],
+    *,
+    gradient_hook: GradientHook | None = None,
+    merge: str | Any = "concat",
+    variable_strategy: VariableStrategy | None = None,
+    split_device: str | None = "/cpu:0",
+    merge_device: str | None = "/cpu:0",
+    loss_scale: LossScale | float | None = None,
+    nonfinite: str | None = "default",
+    micro_batches: int = 1,
+    accumulate: GradientAccumulator | None = None,
+) -> tuple[tf.Tensor, Any]:
+    """Splits `inputs`, builds one tower per device, reduces the gradients and applies them.
+
+    The result equals one device's step on the whole batch: tower gradients are weighted by
+    shard size, so uneven batches are exact. The body is a few public calls; copy them into
+    your loop to change any stage.
+
+    Args:
+      loss_fn: Called once per tower with its shard; returns the mean loss over the shard, or
+        `(loss, outputs)`.
+      variables: The variables to train: a `tf.Module` whose trainable variables are used,
+        a list of variables, or a strategy holding its own copies of the model
+        (`towers.Replicated`: one copy per device, gradients all-reduced).
+      optimizer: Anything with `apply_gradients`, e.g. `towers.SGD(0.1)`.
+      inputs: The whole batch, a nested structure of tensors.
+      devices: One device per tower.
+      gradient_hook: Called as `hook(grads, variables)` with the reduced gradients of each
+        copy of the variables (once with a parameter server, once per replica with
+        `Replicated`); returns the gradients to apply (clip, mask, log). None gradients may
+        stay None. It must treat every copy alike to keep replicas identical.
+      merge: How to merge the outputs, as `ops.merge_outputs`'s `mode`.
+      variable_strategy: A `towers.VariableStrategy` for a model that does not hold its own
+        copies; default `towers.ParameterServer()` (variables on the CPU). Ignored, with a
+        warning, when `variables` is itself a strategy (`Replicated`).
+      split_device: Where the batch is split.
+      merge_device: Where the losses and outputs are merged.
+      micro_batches: Run each tower's shard as this many parts in sequence (the memory of
+        one part), their gradients averaged by size before the reduction: the same step.
+      accumulate: A `towers.GradientAccumulator`: update every `accumulate.every` calls,
+        with the exact mean gradient of their batches (the hook sees that mean).
+      loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
+        (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
+        differentiates its loss times the scale; the reduced gradients are divided by it
+        before the hook; a step whose gradients are not all finite is skipped by every
+        copy. The returned loss is not scaled.
+      nonfinite: What a NaN or Inf gradient does: "raise" (the step fails, no variable
+        changes; the default without a loss scale), "skip" (nothing is updated, optimizer
+        state included; the default with one, counted by a `LossScale` object) or None (no
+        check).
+
+    Returns:
+      `(loss, outputs)`: the mean loss over the whole batch (evaluating it in a v1 Session
+      runs the update too) and the merged outputs (None if `loss_fn` returns only a loss).
+
+    Raises:
+      ValueError: for bad inputs (see `ops.split_batch`, `towers.replicate`), a loss that is
+        not a scalar, or a hook returning the wrong number of gradients.
+      TypeError: if `variable_strategy` is not a strategy.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    devices = device_list(devices)
+    loss_scale = as_loss_scale(loss_scale)
+    nonfinite = _nonfinite(nonfinite, loss_scale)
+    if gradient_hook is not None and not callable(gradient_hook):
+        raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
+    shards = ops.split_batch(inputs, len(devices), device=split_device)
+    sizes = ops.shard_sizes(inputs, len(devices))
+    tower_fn = functools.partial(
+        tower_gradients,
+        loss_fn,
+        variables,
+        variable_strategy=strategy,
+        loss_scale=loss_scale,
+        micro_batches=check_micro_batches(micro_batches),
+        merge=merge,
+    )
+    with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
+        per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
+        losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
+        _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
+        reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
+    _prepare(optimizer, strategy, variables, len(reduced))
+    if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
+        raise TypeError(
+            f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
+        )
+    if accumulate is not None:
+        accumulate.build(strategy.variable_copies(variables))
+    updates = apply_reduced(
+        reduced,
+        optimizer,
+        gradient_hook,
+        loss_scale=loss_scale,
+        nonfinite=nonfinite,
+        accumulate=accumulate,
+        batch_size=_total(sizes),
+    )
+    loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
+    if outputs[0] is not None:
+        outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
+    else:
+        outputs = None
+    with tf.control_dependencies(update_ops(updates)):
+        loss = tf.identity(loss)
+    return loss, outputs
+
+
+def _total(sizes: list) -> Any:
+    return sum(sizes) if all(isinstance(n, int) for n in sizes) else tf.add_n(sizes)
+
+
+def _nonfinite(nonfinite: str | None, loss_scale: Any) -> str | None:
+    if nonfinite == "default":
+        return "raise" if loss_scale is None else "skip"
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
+    if isinstance(loss_scale, DynamicLossScale) and nonfinite != "skip":
+        raise ValueError(
+            "A DynamicLossScale overflows now and then by design: its steps must be skipped, "
+            f"not {nonfinite!r}. Leave `nonfinite` at its default."
+        )
+    return nonfinite
+
+
+@library_code
+def _prepare(
+    optimizer: AppliesGradients, strategy: VariableStrategy, model: Any, num_copies: int
+) -> None:
+    """Names a towers optimizer's state after the model; builds a lone Keras optimizer.
+
+    A list of variables with repeated names cannot name state; the optimizer then names it
+    after the variables, made unique. (`apply_reduced` refuses foreign optimizers for several
+    copies.)
+    """
+    if num_copies == 1 and is_keras(optimizer) and not getattr(optimizer, "built", True):
+        optimizer.build(strategy.tower_variables(model, None))  # all slots, as checkpoints do
+    if isinstance(optimizer, Optimizer):
+        try:
+            copies = strategy.variable_copies(model)
+        except ValueError:
+            return
+        optimizer.build(copies)
+
+
+@library_code
+def _check_some_gradient(grads: list, variables: list[tf.Variable]) -> None:
+    """Refuses a step in which no variable gets a gradient: it would do nothing, silently."""
+    if all(g is None for g in grads):
+        names = [v.name for v in variables]
+        raise ValueError(
+            f"No variable gets a gradient from the loss: {names}. The loss must be computed "
+            "from the trained variables (not from a copy, a constant or under "
+            "tf.stop_gradient); check that `loss_fn` calls the model it is given."
+        )

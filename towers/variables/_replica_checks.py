@@ -1,0 +1,68 @@
+"""Checks that replicated copies agree: in structure when built, bit for bit after steps."""
+
+import numpy as np
+import tensorflow as tf
+
+from towers.variables._names import names_of
+from towers.variables._targets import Target, variable_copies
+
+
+def check_replicas_identical(target: Target) -> None:
+    """Checks that every copy of every variable equals the first, bit for bit (eagerly).
+
+    Args:
+      target: A `Replicated` (or another strategy holding copies), or a `towers` optimizer
+        such as `towers.SGD` (its momentum per replica); a plain target trivially passes.
+
+    Raises:
+      ValueError: naming each variable whose copies differ, the replicas and the largest
+        difference.
+    """
+    differ = []
+    for name, copies in variable_copies(target).items():
+        first = copies[0].numpy()
+        for i, copy in enumerate(copies[1:], start=1):
+            value = copy.numpy()
+            if not np.array_equal(first, value):
+                gap = float(np.max(np.abs(value.astype(np.float64) - first)))
+                differ.append(f"{name} (replica {i}, max difference {gap:.3g})")
+    if differ:
+        raise ValueError(f"Replicated copies differ: {', '.join(differ)}.")
+
+
+def check_new_replica(replica: tf.Module, earlier: list[tf.Module]) -> None:
+    """Refuses a replica that is, or shares variables with, an earlier one.
+
+    Raises:
+      ValueError: naming the two replicas and the fix.
+    """
+    mine = {v.ref() for v in names_of(replica).values()}
+    for i, other in enumerate(earlier):
+        if other is replica or mine & {v.ref() for v in names_of(other).values()}:
+            raise ValueError(
+                f"`build` returned a model for replica {len(earlier)} that is (or shares "
+                f"variables with) the one of replica {i}. `build` must create a new model on "
+                "every call, e.g. `lambda: Model()`, not `lambda: model`."
+            )
+
+
+def check_same_structure(replicas: list[tf.Module]) -> None:
+    """Checks that the replicas have variables, the same names, shapes and dtypes.
+
+    Raises:
+      ValueError: if the first has no variables, or naming the variables a replica differs in.
+    """
+    first = {n: (v.shape, v.dtype) for n, v in names_of(replicas[0]).items()}
+    if not first:
+        raise ValueError(
+            "`build` returned a model without variables; build them in `build` (e.g. call the "
+            "model once on a sample)."
+        )
+    for i, replica in enumerate(replicas[1:], start=1):
+        other = {n: (v.shape, v.dtype) for n, v in names_of(replica).items()}
+        differ = sorted(n for n in first.keys() | other.keys() if first.get(n) != other.get(n))
+        if differ:
+            raise ValueError(
+                f"Replica {i} differs from replica 0 in variables {differ}; `build` must build "
+                "the same model every time."
+            )

@@ -1,0 +1,264 @@
+"""The replicated variable strategy: one copy of the model per tower device, kept identical."""
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from towers import ops
+from towers.core import TowerContext, check_devices_exist, current_tower, device_list
+from towers.ops.internal import Gradient, Weight, check_all_reduce_options, library_code
+from towers.variables._names import Copies, names_of
+from towers.variables._replica_checks import check_new_replica, check_same_structure
+from towers.variables._strategy import ReducedGradients, VariableStrategy, trainable_list
+from towers.workers import algorithm_for_workers, broadcast_from_chief, current_workers
+
+
+class Replicated(VariableStrategy):
+    """One copy of a model per device; gradients all-reduced, the same update everywhere.
+
+    The one way to write a model for this strategy: give a function that builds the model
+    with its variables (call it on a sample if it creates them lazily); `Replicated` calls it
+    once per device, under `tf.device`, and copies the first replica's values to the others
+    (in a v1 graph: run `broadcast()`'s op after the initializer).
+    Tower code takes its own copy with `local()`:
+
+        replicas = towers.Replicated(lambda: build_model(), devices)
+
+        def loss_fn(shard):
+            logits = replicas.local()(shard["x"])     # this tower's copy, on its device
+            ...
+
+        towers.train_step(loss_fn, replicas, towers.SGD(0.1), batch, devices)
+
+    Every tower reads its local copy, so no variable crosses devices in the forward pass;
+    `train_step` all-reduces the gradients (`ops.all_reduce_gradients`) and applies the same
+    update to each copy, with optimizer state per copy. Weight files see one copy, with the
+    first replica's names: `save_weights(replicas, path)` writes it and `restore_weights`
+    loads it into every copy. A `VariableStrategy` that holds its own copies: pass it as the
+    model to `train_step`, `save_weights` and `CheckpointManager`.
+
+    Args:
+      build: Called with no argument once per device; returns a `tf.Module` whose
+        variables exist.
+      devices: The tower devices, distinct.
+      all_reduce: The algorithm, a name from `ops.ALGORITHMS` or an `ops.AllReduce`.
+      bucket_bytes: Gradient packing bucket size; None for one all-reduce per variable.
+      wire_dtype: None, tf.float16 or tf.bfloat16 for compressed transfers.
+      sparse: "gather" (IndexedSlices stay sparse) or "dense".
+
+    Raises:
+      ValueError: if devices repeat or do not exist, an option is out of range, a replica has
+        no variables, `build` returns a model (or variables) it returned before, or replicas
+        differ in structure (the message names the variables).
+      TypeError: if `build` is not callable or `devices` is a single name.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], tf.Module],
+        devices: Sequence[str],
+        *,
+        all_reduce: str | ops.AllReduce = "auto",
+        bucket_bytes: int | None = 4 * 2**20,
+        wire_dtype: tf.DType | None = None,
+        sparse: str = "gather",
+    ):
+        if not callable(build) or isinstance(build, tf.Module):
+            raise TypeError(
+                f"`build` must be a function that builds a new model on each call, e.g. "
+                f"`lambda: MyModel()`; got {type(build).__name__}."
+            )
+        self.devices = device_list(devices)
+        if not self.devices or len(set(self.devices)) != len(self.devices):
+            raise ValueError(f"`devices` must be distinct and non-empty; got {self.devices}.")
+        check_devices_exist(self.devices)
+        check_all_reduce_options(bucket_bytes, wire_dtype, sparse)
+        self.algorithm = algorithm_for_workers(all_reduce)
+        self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
+        self.replicas = []
+        for i, device in enumerate(self.devices):
+            scope = tf.name_scope(f"replica_{i}") if i else contextlib.nullcontext()
+            with tf.device(device), scope:
+                replica = build()
+            check_new_replica(replica, self.replicas)
+            self.replicas.append(replica)
+        check_same_structure(self.replicas)
+        if tf.compat.v1.executing_eagerly_outside_functions():  # not in a v1 graph, whose
+            self.broadcast()  # variables get values only in a session
+
+    @library_code
+    def local(self) -> tf.Module:
+        """The current tower's replica (the first one outside towers).
+
+        Returns:
+          The model `build` made for this tower's device.
+
+        Raises:
+          ValueError: if the tower count differs from the number of replicas.
+        """
+        return self.replicas[self._index(current_tower())]
+
+    @library_code
+    def variables_of(self, index: int) -> list[tf.Variable]:
+        """The trainable variables of replica `index`, aligned across replicas.
+
+        Args:
+          index: The replica (tower) index.
+
+        Returns:
+          Its trainable variables, in the order every replica shares.
+        """
+        return trainable_list(self.replicas[index])
+
+    @library_code
+    def variable_copies(self, model: Any = None) -> Copies:
+        """Every variable's copies, first replica first, under the first replica's names.
+
+        Args:
+          model: This `Replicated` (it is its own model), or None.
+
+        Returns:
+          Canonical name -> (replica 0's variable, replica 1's, ...).
+        """
+        if model is not None:
+            self._check_model(model)
+        per_replica = [list(names_of(r).values()) for r in self.replicas]
+        names = names_of(self.replicas[0])
+        return {name: tuple(v[j] for v in per_replica) for j, name in enumerate(names)}
+
+    def broadcast(self) -> tf.Operation | None:
+        """Copies the first replica's values to the others: now, or the op in a v1 graph.
+
+        Across workers (`towers.init_workers`), worker 0's first replica's values go to every
+        replica of every worker. The constructor calls it eagerly; in a v1 graph, run the op
+        it returns once the variables are initialized (every worker, at the same point):
+
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(broadcast_op)  # broadcast_op = replicas.broadcast(), built before
+
+        Returns:
+          None eagerly; in a v1 graph, the op that copies.
+        """
+        groups = list(self.variable_copies().values())
+        if current_workers().num_workers > 1:
+            return broadcast_from_chief(self.algorithm, self.devices, groups)
+        assigned = [copy.assign(copies[0]) for copies in groups for copy in copies[1:]]
+        return None if tf.compat.v1.executing_eagerly_outside_functions() else tf.group(assigned)
+
+    @library_code
+    def all_reduce(
+        self, tower_grads: list[list[Gradient]], weights: Sequence[Weight] | None = None
+    ) -> list[list[Gradient]]:
+        """All-reduces `K x N` tower gradients with this strategy's settings.
+
+        Args:
+          tower_grads: K lists of N gradients, tower i's for replica i.
+          weights: K weights of the mean (shard sizes); None for the plain mean.
+
+        Returns:
+          K lists of N reduced gradients, list i on device i; all equal.
+        """
+        return ops.all_reduce_gradients(
+            tower_grads,
+            self.devices,
+            weights=weights,
+            algorithm=self.algorithm,
+            bucket_bytes=self.bucket_bytes,
+            wire_dtype=self.wire_dtype,
+            sparse=self.sparse,
+            variables=self.variables_of(0),
+        )
+
+    @library_code
+    def scope(self, tower: TowerContext) -> contextlib.AbstractContextManager:
+        """Checks the tower against the replicas; refuses variable creation in it.
+
+        Args:
+          tower: The tower being built: tower i must be on replica i's device.
+
+        Returns:
+          A `tf.variable_creator_scope` that raises: replicas are built up front.
+
+        Raises:
+          ValueError: if the towers are not built on the replicas' devices.
+        """
+        if tower.num_towers != len(self.devices) or tower.device != self.devices[tower.index]:
+            raise ValueError(
+                f"`devices` must be the devices of the Replicated variables, one tower per "
+                f"replica; got tower {tower.index} of {tower.num_towers} on {tower.device!r}, "
+                f"replicas on {self.devices}."
+            )
+
+        def refuse(next_creator, **kwargs):
+            raise ValueError(
+                f"Tower {tower.index} created variable {kwargs.get('name')!r}; with Replicated "
+                "every variable must exist when the Replicated is built. Build the model "
+                "completely in `build` (e.g. call it once on a sample)."
+            )
+
+        return tf.variable_creator_scope(refuse)
+
+    def updates_state(self, tower: TowerContext) -> bool:
+        """Every tower updates its own copy's state (see `towers.updates_state`)."""
+        del tower
+        return True
+
+    @library_code
+    def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
+        """The trainable variables of `tower`'s own replica (the first outside towers).
+
+        Args:
+          model: This `Replicated` (it is its own model).
+          tower: The tower, or None.
+
+        Returns:
+          Replica i's trainable variables for tower i.
+
+        Raises:
+          ValueError: if `model` is another object, or the tower count differs from the
+            number of replicas.
+        """
+        self._check_model(model)
+        return self.variables_of(self._index(tower))
+
+    @library_code
+    def reduce_gradients(
+        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+    ) -> list[ReducedGradients]:
+        """All-reduces the tower gradients: one update per replica, on its device.
+
+        Args:
+          model: This `Replicated`.
+          tower_grads: K lists of N gradients, tower i's for replica i.
+          weights: K weights (shard sizes).
+
+        Returns:
+          K `ReducedGradients`, the i-th for replica i's variables on its device; all K
+          gradient lists are bitwise equal, so the copies stay identical.
+        """
+        self._check_model(model)
+        reduced = self.all_reduce(tower_grads, weights=weights)
+        return [
+            ReducedGradients(grads, self.variables_of(i), device)
+            for i, (grads, device) in enumerate(zip(reduced, self.devices))
+        ]
+
+    def _index(self, tower: TowerContext | None) -> int:
+        if tower is None:
+            return 0
+        if tower.num_towers != len(self.replicas):
+            raise ValueError(
+                f"{len(self.replicas)} replicas cannot serve {tower.num_towers} towers; build "
+                "the towers on the devices of the Replicated."
+            )
+        return tower.index
+
+    def _check_model(self, model: Any) -> None:
+        if model is not self:
+            raise ValueError(
+                "A Replicated holds its own copies of the model; pass it as the model, e.g. "
+                "towers.train_step(loss_fn, replicas, optimizer, batch, devices), not as "
+                f"variable_strategy= beside another model ({type(model).__name__})."
+            )

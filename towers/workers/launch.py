@@ -1,0 +1,233 @@
+"""`python -m towers.launch`: N local worker processes with `TF_CONFIG` set, output forwarded.
+
+    python -m towers.launch --workers=N [--timeout_seconds=S] [--ports=auto] script.py [args...]
+
+Worker i runs `python script.py args...` in its own process group, with `TOWERS_LAUNCH=1` and
+`TF_CONFIG` (TensorFlow's convention: every worker's loopback address, and index i) set. Its stdout
+and stderr lines reach the launcher's, prefixed with `[worker i] `. When a worker fails, the others
+get SIGTERM, then SIGKILL after 5 s, and the launcher exits with the failing code (128 + the signal
+for a signal). Launcher flags come before the script; everything after it goes to the script.
+"""
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from absl import app, flags
+
+if __package__:
+    from towers.workers import _processes
+else:  # run as a file (`python launch.py`): no package, so no TensorFlow; its folder is on the path
+    import _processes
+
+TIMEOUT_EXIT_CODE = _processes.TIMEOUT_EXIT_CODE
+
+
+def free_ports(n: int) -> list[int]:
+    """Picks `n` distinct free TCP ports on 127.0.0.1.
+
+    Every socket stays bound until all ports are read, so the ports differ; another process may
+    still take one before a worker binds it.
+
+    Args:
+      n: How many ports, >= 1.
+
+    Returns:
+      `n` distinct port numbers.
+
+    Raises:
+      TypeError, ValueError: If `n` is not an int >= 1.
+    """
+    _check_int("n", n, minimum=1)
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def tf_config(ports: Sequence[int], index: int) -> str:
+    """The `TF_CONFIG` JSON of worker `index` among loopback workers listening on `ports`.
+
+    Args:
+      ports: One distinct port per worker, in worker order.
+      index: This worker's index, 0 <= index < len(ports).
+
+    Returns:
+      The JSON text.
+
+    Raises:
+      TypeError, ValueError: If a port or `index` is not an int in range, or a port repeats.
+    """
+    if isinstance(ports, str) or not ports or len(set(ports)) != len(ports):
+        raise ValueError(f"`ports` must be distinct ports, one per worker; got {ports!r}.")
+    for port in ports:
+        _check_int("each port", port, minimum=1, maximum=65535)
+    _check_int("index", index, minimum=0, maximum=len(ports) - 1)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
+def launch(
+    script_args: Sequence[str],
+    workers: int,
+    timeout_seconds: float | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    ports: Sequence[int] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Runs `python *script_args` as `workers` local processes until they end; the exit code.
+
+    Args:
+      script_args: The script path, then its arguments (passed to it untouched).
+      workers: How many processes, >= 1.
+      timeout_seconds: Stop every worker after this long; None for no limit.
+      env: The workers' base environment (default: this process's); `TF_CONFIG` and
+        `TOWERS_LAUNCH=1` are added, and `PYTHONUNBUFFERED=1` unless it is set.
+      ports: One port per worker for `TF_CONFIG`; None picks free ones.
+      stdout: Where the workers' stdout lines go (default: `sys.stdout`).
+      stderr: Where their stderr lines and the launcher's messages go (default: `sys.stderr`).
+
+    Returns:
+      0 if every worker exits 0; else the first failing worker's code (128 + the signal if a
+      signal killed it), `TIMEOUT_EXIT_CODE` after a timeout, or 128 + the signal when the
+      launcher gets SIGINT or SIGTERM (handled only when called from the main thread).
+
+    Raises:
+      TypeError, ValueError: If `workers` is not an int >= 1, the script does not exist,
+        `timeout_seconds` <= 0, or `ports` does not hold `workers` distinct valid ports.
+    """
+    command = _command(script_args)
+    _check_int("workers", workers, minimum=1)
+    if timeout_seconds is not None and not timeout_seconds > 0:
+        raise ValueError(f"`timeout_seconds` must be > 0 or None; got {timeout_seconds!r}.")
+    ports = free_ports(workers) if ports is None else ports
+    if len(ports) != workers:
+        raise ValueError(f"`ports` must hold one port per worker ({workers}); got {ports!r}.")
+    configs = [tf_config(ports, i) for i in range(workers)]  # checks the ports
+    lock = threading.Lock()  # one line at a time, across both streams
+    out = functools.partial(_processes.write_line, lock, sys.stdout if stdout is None else stdout)
+    err = functools.partial(_processes.write_line, lock, sys.stderr if stderr is None else stderr)
+    base_env = {"PYTHONUNBUFFERED": "1", **(os.environ if env is None else env)}
+    received: list[int] = []  # signals to the launcher
+    previous = _processes.handle_stop_signals(lambda signum, frame: received.append(signum))
+    procs, threads = [], []
+    try:
+        for i in range(workers):
+            worker_env = {**base_env, "TF_CONFIG": configs[i], "TOWERS_LAUNCH": "1"}
+            # A new session is a new process group: killing it kills the worker's children too.
+            procs.append(subprocess.Popen(command, env=worker_env, **_processes.POPEN_ARGS))
+            threads += [_processes.forward(procs[-1].stdout, out, i)]
+            threads += [_processes.forward(procs[-1].stderr, err, i)]
+        code, message = _processes.wait(procs, timeout_seconds, received)
+    finally:
+        _processes.stop(procs)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        deadline = time.monotonic() + _processes.JOIN_SECONDS
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    if message:
+        err(f"[launch] {message}\n")
+    return code
+
+
+def _command(script_args: Sequence[str]) -> list[str]:
+    """`[python, script, args...]`, once the script is known to exist."""
+    if isinstance(script_args, str) or not all(isinstance(a, str) for a in script_args):
+        raise TypeError(f"`script_args` must be a list of str; got {script_args!r}.")
+    if not script_args:
+        raise ValueError("`script_args` is empty; pass the script path, then its arguments.")
+    if not os.path.isfile(script_args[0]):
+        raise ValueError(
+            f"script {script_args[0]!r} not found (cwd: {os.getcwd()}); the first argument "
+            "after the launcher's flags is the script."
+        )
+    return [sys.executable, *script_args]
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    # Not the package's check (towers.ops.internal): run as a script, this file imports no
+    # package, so that the launcher starts without TensorFlow.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"`{name}` must be an int; got {value!r} ({type(value).__name__}).")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"`{name}` must be {bounds}; got {value}.")
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Splits a command line before its first argument that is not a flag (the script path).
+
+    E.g. `["launch", "--workers", "2", "train.py", "--lr=0.1"]`: `["launch", "--workers", "2"]`
+    and `["train.py", "--lr=0.1"]`.
+
+    Args:
+      argv: The launcher's command line, program name first. A `--` also ends its flags, and
+        `--workers`, `--timeout_seconds` and `--ports` may take the next argument as value.
+
+    Returns:
+      The launcher's part (program name and flags), and the script path with its arguments.
+    """
+    i = 1
+    while i < len(argv) and argv[i] != "--" and argv[i].startswith("-"):
+        i += 2 if argv[i] in ("--workers", "--timeout_seconds", "--ports") else 1
+    i = min(i, len(argv))
+    return list(argv[:i]), list(argv[i + (argv[i : i + 1] == ["--"]) :])
+
+
+def _define_flags() -> tuple[flags.FlagHolder, flags.FlagHolder, flags.FlagHolder]:
+    """Defines the launcher's flags; called only when the module runs as a program."""
+    return (
+        flags.DEFINE_integer("workers", None, "Worker processes to start.", lower_bound=1),
+        flags.DEFINE_float("timeout_seconds", None, "Stop the workers after this long (seconds)."),
+        flags.DEFINE_string("ports", "auto", "'auto' for free ports, or one port per worker: 1,2"),
+    )
+
+
+def main(argv: list[str], launch_flags: Sequence[flags.FlagHolder]) -> int:
+    """Runs `argv[1:]` (the script and its arguments) as the flags say; the exit code.
+
+    Args:
+      argv: The program name, the script and its arguments (absl passes the rest as flags).
+      launch_flags: The holders of --workers, --timeout_seconds and --ports.
+
+    Returns:
+      The exit code, as `launch`'s.
+    """
+    workers, timeout_seconds, ports_flag = launch_flags
+    if workers.value is None:
+        raise app.UsageError("--workers=N is required.")
+    if len(argv) < 2:
+        raise app.UsageError("no script: python -m towers.launch --workers=N script.py [args...]")
+    text, ports = ports_flag.value, None
+    if text != "auto":
+        try:
+            ports = [int(port) for port in text.split(",")]
+        except ValueError as e:
+            raise app.UsageError(f"--ports must be 'auto' or ints like 1,2; got {text!r}.") from e
+    try:
+        return launch(argv[1:], workers.value, timeout_seconds.value, ports=ports)
+    except (TypeError, ValueError) as e:  # raised before any worker starts
+        raise app.UsageError(str(e)) from e
+
+
+def run(argv: Sequence[str]) -> None:
+    """`python -m towers.launch`: runs `argv` (`sys.argv`) as the flags say, and exits."""
+    program, script = split_argv(argv)  # after `--`, absl leaves the script's arguments
+    app.run(functools.partial(main, launch_flags=_define_flags()), [*program, "--", *script])
+
+
+if __name__ == "__main__":
+    run(sys.argv)
