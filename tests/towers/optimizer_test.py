@@ -150,6 +150,21 @@ class StateTest(tf.test.TestCase, parameterized.TestCase):
         towers.SGD(0.05).apply_gradients([(tf.constant(grad), var)])
         np.testing.assert_array_equal(var.numpy(), 1.0 - 0.05 * grad)
 
+    def test_a_rule_sees_the_1_based_step_count_without_asking_for_it(self):
+        class StepAsValue(towers.Optimizer):
+            def update(self, grad, var, slots, lr, step):
+                return var.assign(tf.fill(var.shape, step))
+
+        var = tf.Variable([0.0, 0.0])
+        optimizer = StepAsValue(0.1, name="step_as_value")
+        @tf.function
+        def step():
+            optimizer.apply_gradients([(tf.ones([2]), var)])
+
+        for expected in (1.0, 2.0, 3.0):
+            step()
+            self.assertAllEqual(var, [expected, expected])
+
     def test_a_rule_is_one_short_class(self):
         class SignSGD(towers.Optimizer):
             def update(self, grad, var, slots, lr, step):

@@ -9,16 +9,17 @@ import contextlib
 import os
 import re
 
-from towers import weights
+from towers.weights import FORMATS, written_suffix, written_suffixes
+from towers.weights import remove as remove_weights
 
 INDEX = "checkpoints.json"
 LOCK = "checkpoints.lock"
 # The suffixes the manager takes (every weights format's) and writes (each format's first).
-EXTENSIONS = {s: weights.written_suffix(s) for f in weights.FORMATS for s in f.suffixes}
+EXTENSIONS = {s: written_suffix(s) for f in FORMATS for s in f.suffixes}
 NAME = re.compile(
     r"(?P<kind>ckpt|best)-(?P<step>\d{8,})(?:\.(?P<serial>\d+))?"
     r"\.(?:(?P<role>weights|state)(?:"
-    + "|".join(re.escape(s) for s in weights.written_suffixes())
+    + "|".join(re.escape(s) for s in written_suffixes())
     + r")?|json)"
 )
 
@@ -49,18 +50,6 @@ def next_serial(directory: str, kind: str, step: int) -> int:
     return max(used) + 1 if used else 0
 
 
-def whole(path: str) -> bool:
-    """Whether a weights or state file (of any format) was written whole.
-
-    Args:
-      path: A weights or state file of a checkpoint.
-
-    Returns:
-      What its format says.
-    """
-    return weights.whole(path)
-
-
 def remove(path: str) -> None:
     """Removes one of a checkpoint's files: a record, or what a weights format wrote.
 
@@ -68,7 +57,7 @@ def remove(path: str) -> None:
       path: A file of a checkpoint.
     """
     if NAME.fullmatch(os.path.basename(path))["role"]:
-        weights.remove(path)
+        remove_weights(path)
         return
     with contextlib.suppress(OSError):
         os.remove(path)

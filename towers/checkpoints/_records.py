@@ -10,8 +10,9 @@ import dataclasses
 import json
 import os
 
-from towers.checkpoints._files import INDEX, NAME, base_name, managed, whole
+from towers.checkpoints._files import INDEX, NAME, base_name, managed
 from towers.files import atomic_write_text
+from towers.weights import whole
 
 _WRITER = "towers.CheckpointManager"
 

@@ -26,6 +26,8 @@ class Adagrad(Optimizer):
       ValueError: if an argument is out of range.
     """
 
+    uses_step = False  # the rule never reads the step count
+
     slot_names = ("accumulator",)
 
     def __init__(

@@ -30,7 +30,6 @@ class Adam(Optimizer):
     """
 
     slot_names = ("m", "v")
-    uses_step = True
 
     def __init__(
         self,

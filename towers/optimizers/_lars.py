@@ -32,6 +32,8 @@ class LARS(Optimizer):
       ValueError: if an argument is out of range.
     """
 
+    uses_step = False  # the rule never reads the step count
+
     slot_names = ("momentum",)
 
     def __init__(

@@ -42,8 +42,9 @@ class Optimizer(tf.Module, CopiedState):
     The learning rate is a number, a scalar tensor or variable, or a callable of the step
     count (the number of updates done, an int64 tensor), such as `towers.schedules` or Keras
     schedule objects. The step count advances once per copy and `apply_gradients` call; it
-    is state only where it is used (a schedule, or a rule such as Adam's bias correction), so
-    plain SGD with a fixed rate keeps no state and may be made inside a `tf.function`.
+    is state only where it is used (a schedule, or a rule that reads it, as every rule does
+    unless it sets `uses_step = False`), so plain SGD with a fixed rate keeps no state and
+    may be made inside a `tf.function`.
 
     A subclass names its slots (`slot_names`, created as zeros like the variable, or with
     `initial_slot_value`) and implements `update`; it may implement `update_sparse` when its
@@ -62,7 +63,9 @@ class Optimizer(tf.Module, CopiedState):
 
     slot_names: tuple[str, ...] = ()
     initial_slot_value: float = 0.0
-    uses_step: bool = False  # whether `update` needs the step (else only a schedule does)
+    # Whether `update` reads `step`. True unless a rule says otherwise: a rule that forgets
+    # the flag then only keeps a count it does not need, never sees a wrong one.
+    uses_step: bool = True
     _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_states"}
 
     def __init__(self, learning_rate: LearningRate, *, name: str):

@@ -29,6 +29,8 @@ class RMSProp(Optimizer):
       ValueError: if an argument is out of range.
     """
 
+    uses_step = False  # the rule never reads the step count
+
     def __init__(
         self,
         learning_rate: LearningRate = 0.001,

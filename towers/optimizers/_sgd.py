@@ -33,6 +33,8 @@ class SGD(Optimizer):
       >>> optimizer = towers.SGD(towers.schedules.CosineDecay(0.1, 1000), momentum=0.9)
     """
 
+    uses_step = False  # the rule never reads the step count
+
     def __init__(
         self,
         learning_rate: LearningRate = 0.01,

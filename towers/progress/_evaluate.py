@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from towers import ops
+import towers.ops as ops
 from towers.core import device_list
 from towers.step import replicate
 from towers.variables import VariableStrategy

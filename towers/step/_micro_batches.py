@@ -5,7 +5,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers import ops
+import towers.ops as ops
 from towers.ops.internal import accumulation_dtype, normalized_weights, weight_in
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers import ops
+import towers.ops as ops
 from towers.core import as_caller_would, current_tower, device_list, user_code_entry
 from towers.ops.internal import library_code
 from towers.optimizers import AppliesGradients, Optimizer, is_keras, update_ops

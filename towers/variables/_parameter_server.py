@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers import ops
+import towers.ops as ops
 from towers.core import TowerContext, canonical_device, check_devices_exist, device_list
 from towers.ops.internal import Gradient, Weight, check_bucket_bytes, library_code
 from towers.variables._names import Copies, names_of, without_tower_scope

@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers import ops
+import towers.ops as ops
 from towers.core import TowerContext, check_devices_exist, current_tower, device_list
 from towers.ops.internal import Gradient, Weight, check_all_reduce_options, library_code
 from towers.variables._names import Copies, names_of
