@@ -3,6 +3,7 @@
 import dataclasses
 from collections.abc import Sequence
 
+from towers.ops._arguments import check_int
 from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
@@ -64,15 +65,9 @@ def check_bucket_bytes(bucket_bytes: int | None) -> None:
     """Checks a `bucket_bytes` option: a positive int, or None for no packing.
 
     Raises:
-      ValueError: naming the option and the value received.
+      TypeError, ValueError: naming the option and the value received.
     """
-    if bucket_bytes is not None and (
-        isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1
-    ):
-        raise ValueError(
-            f"`bucket_bytes` must be a positive int (bytes per bucket) or None (no packing); "
-            f"got {bucket_bytes!r}."
-        )
+    check_int(bucket_bytes, "bucket_bytes", minimum=1, none=True)  # None: no packing
 
 
 @library_code

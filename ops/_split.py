@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from towers.ops._arguments import check_int
 from towers.ops._autograph import library_code
 from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._leaf_paths import leaf_paths
@@ -87,10 +88,7 @@ def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int |
       >>> ops.shard_sizes(10, 4)
       [3, 3, 2, 2]
     """
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-        raise TypeError(f"`num_splits` must be an int; got {num_splits!r}.")
-    if num_splits < 1:
-        raise ValueError(f"`num_splits` must be >= 1; got num_splits={num_splits}.")
+    num_splits = check_int(num_splits, "num_splits", minimum=1)
     if isinstance(inputs, int) and not isinstance(inputs, bool):
         batch = inputs
     elif isinstance(inputs, tf.Tensor) and inputs.shape.rank == 0:

@@ -19,12 +19,15 @@ training program needs none of it. It is the one door through which `towers` rea
 - The AutoGraph rule: `library_code` marks a function AutoGraph must not convert (every
   public function of `towers` and `towers.ops` carries it, or calls user code through
   `towers.core.user_code_entry`).
+- Arguments: `check_int`, `check_number` (finite), `check_bool`: a `TypeError` for a wrong
+  type, a `ValueError` for a value out of range, one wording everywhere.
 - Placement: `device_scope` (a device, or the caller's scope for None) and `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel).
 """
 
 from towers.ops._all_reduce.base import spread, sum_on
 from towers.ops._all_reduce_gradients import check_options as check_all_reduce_options
+from towers.ops._arguments import check_bool, check_int, check_number
 from towers.ops._autograph import library_code
 from towers.ops._collectives import (
     ALL_REDUCE,
@@ -56,6 +59,9 @@ __all__ = [
     "Weight",
     "accumulation_dtype",
     "check_all_reduce_options",
+    "check_bool",
+    "check_int",
+    "check_number",
     "check_bucket_bytes",
     "deduplicated",
     "densified",

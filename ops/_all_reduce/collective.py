@@ -3,6 +3,7 @@
 import itertools
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._arguments import check_int, check_number
 from towers.ops._collectives import ALL_REDUCE, random_group_key, reduce_on
 from towers.ops._tensorflow import tf
 
@@ -51,23 +52,11 @@ class CollectiveAllReduce(AllReduce):
     v1_timeout_seconds = 120.0  # a v1 graph's timeout when `timeout_seconds` is None
 
     def __init__(self, timeout_seconds: float | None = None, *, group_key: int | None = None):
-        if timeout_seconds is not None and (
-            isinstance(timeout_seconds, bool)
-            or not isinstance(timeout_seconds, (int, float))
-            or timeout_seconds < 0
-        ):
-            raise ValueError(
-                f"`timeout_seconds` must be >= 0 (0: no timeout) or None; got {timeout_seconds!r}."
-            )
-        if group_key is not None and (
-            isinstance(group_key, bool)
-            or not isinstance(group_key, int)
-            or group_key not in ALL_REDUCE
-        ):
-            raise ValueError(
-                f"`group_key` must be an int in [2**20, 2**31) or None (keys below 2**20 are "
-                f"tf.distribute's and towers' own); got {group_key!r}."
-            )
+        timeout_seconds = check_number(timeout_seconds, "timeout_seconds", minimum=0, none=True)
+        # Below 2**20, keys are tf.distribute's and towers' own (see ops.internal).
+        group_key = check_int(
+            group_key, "group_key", minimum=ALL_REDUCE.start, maximum=ALL_REDUCE.stop - 1, none=True
+        )
         self.timeout_seconds = timeout_seconds
         self._first_group_key = group_key
         self._groups: dict[tuple[str, ...], int] = {}

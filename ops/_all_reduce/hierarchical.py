@@ -6,6 +6,7 @@ from towers.ops._all_reduce.collective import CollectiveAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
+from towers.ops._arguments import check_int
 from towers.ops._tensorflow import tf
 
 # The built-in algorithms a hierarchical all-reduce can run among its group leaders, by name:
@@ -50,15 +51,9 @@ class HierarchicalAllReduce(AllReduce):
     name = "hierarchical"
 
     def __init__(self, devices_per_group: int | None = None, across: str | AllReduce = "ring"):
-        if devices_per_group is not None and (
-            isinstance(devices_per_group, bool)
-            or not isinstance(devices_per_group, int)
-            or devices_per_group < 1
-        ):
-            raise ValueError(
-                f"`devices_per_group` must be a positive int or None; got {devices_per_group!r}."
-            )
-        self.devices_per_group = devices_per_group
+        self.devices_per_group = check_int(
+            devices_per_group, "devices_per_group", minimum=1, none=True
+        )
         self.across = _leaders_algorithm(across)
         if self.across.group_size(2) != 2:
             raise ValueError(

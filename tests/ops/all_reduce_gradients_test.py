@@ -259,7 +259,7 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
         grads = [[tf.ones([2])]] * 2
         devices = test_util.devices(2)
         for kwargs, message in [
-            ({"bucket_bytes": 0}, "`bucket_bytes` must be a positive int .* got 0"),
+            ({"bucket_bytes": 0}, "`bucket_bytes` must be an int >= 1 or None; got 0"),
             ({"wire_dtype": tf.int8}, "`wire_dtype` must be None, tf.float16 or tf.bfloat16"),
             ({"sparse": "bogus"}, r"`sparse` must be one of \('gather', 'dense'\); got 'bogus'"),
         ]:

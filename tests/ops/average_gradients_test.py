@@ -142,8 +142,8 @@ class AverageGradientsTest(tf.test.TestCase, parameterized.TestCase):
         got = ops.average_gradients(grads, [1, 1], variables=[var], bucket_bytes=1024)[0]
         self.assertEqual(got.dtype, tf.float16)
         self.assertAllClose(tf.cast(got, tf.float32), [60000.0, 1.5], rtol=1e-2)
-        for bad in (0, -1, 1.5, True, "4MB"):
-            with self.assertRaisesRegex(ValueError, "`bucket_bytes` must be a positive int"):
+        for bad, error in ((0, ValueError), (-1, ValueError), (1.5, TypeError), ("4MB", TypeError)):
+            with self.assertRaisesRegex(error, "`bucket_bytes` must be an int >= 1 or None"):
                 ops.average_gradients(grads, variables=[var], bucket_bytes=bad)
 
     def test_plain_mean(self):

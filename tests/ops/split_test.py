@@ -29,9 +29,9 @@ class ShardSizesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(sizes(tf.zeros([4, 2])), [1, 1, 1, 1])
 
     def test_bad_num_splits(self):
-        with self.assertRaisesRegex(ValueError, "num_splits=0"):
+        with self.assertRaisesRegex(ValueError, "`num_splits` must be an int >= 1; got 0"):
             ops.shard_sizes(8, 0)
-        with self.assertRaisesRegex(TypeError, "`num_splits` must be an int; got 2.0"):
+        with self.assertRaisesRegex(TypeError, "`num_splits` must be an int >= 1; got 2.0"):
             ops.shard_sizes(8, 2.0)
 
     def test_batch_smaller_than_splits(self):

@@ -76,8 +76,8 @@ class MicroBatchTest(tf.test.TestCase, parameterized.TestCase):
     def test_bad_micro_batches(self):
         model = _build()
         for micro_batches, error, message in [
-            (0, ValueError, "`micro_batches` must be >= 1"),
-            (2.0, TypeError, "`micro_batches` must be an int"),
+            (0, ValueError, "`micro_batches` must be an int >= 1; got 0"),
+            (2.0, TypeError, "`micro_batches` must be an int >= 1; got 2.0"),
             (5, ValueError, "at least micro_batches=5 examples"),
         ]:
             with self.assertRaisesRegex(error, message):
@@ -195,7 +195,7 @@ class AcrossCallsTest(tf.test.TestCase, parameterized.TestCase):
             test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
     def test_bad_arguments(self):
-        with self.assertRaisesRegex(ValueError, "`every` must be >= 1"):
+        with self.assertRaisesRegex(ValueError, "`every` must be an int >= 1; got 0"):
             towers.GradientAccumulator(0)
         model = _build()
         with self.assertRaisesRegex(TypeError, "`accumulate` must be a towers.GradientAcc"):

@@ -334,10 +334,13 @@ class InferenceAndArgumentsTest(tf.test.TestCase):
                 towers.cross_tower_sum(tf.ones([2]))
 
     def test_bad_arguments(self):
-        with self.assertRaisesRegex(ValueError, r"`momentum` must be in \[0, 1\); got momentum=1"):
+        with self.assertRaisesRegex(ValueError, r"`momentum` must be a finite number in \[0, 1\)"):
             towers.BatchNorm(momentum=1.0)
-        with self.assertRaisesRegex(ValueError, "`epsilon` must be a number > 0"):
-            towers.BatchNorm(epsilon=0)
+        with self.assertRaisesRegex(TypeError, r"`momentum` must be a finite number in \[0, 1\)"):
+            towers.BatchNorm(momentum="0.9")
+        for bad in (0, float("nan")):
+            with self.assertRaisesRegex(ValueError, "`epsilon` must be a finite number > 0"):
+                towers.BatchNorm(epsilon=bad)
         bn = towers.BatchNorm()
         with self.assertRaisesRegex(TypeError, "`training` must be a Python bool"):
             bn(tf.ones([2, 3]), training=tf.constant(True))

@@ -30,7 +30,7 @@ class ListDevicesTest(tf.test.TestCase):
             ValueError, r"`kind` must be one of \('CPU', 'GPU'\); got 'TPU'"
         ):
             towers.list_devices("TPU")
-        with self.assertRaisesRegex(ValueError, "`num` must be a positive int or None; got 0"):
+        with self.assertRaisesRegex(ValueError, "`num` must be an int >= 1; got 0"):
             towers.list_devices(num=0)
 
 
@@ -56,8 +56,8 @@ class SimulateDevicesTest(tf.test.TestCase):
             towers.simulate_devices(2, "GPU", memory_limit_mb=1024)
 
     def test_bad_num(self):
-        for num in (0, -1, 2.0, True):
-            with self.assertRaisesRegex(ValueError, "`num` must be a positive int"):
+        for num, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)):
+            with self.assertRaisesRegex(error, "`num` must be an int >= 1"):
                 towers.simulate_devices(num)
 
     def test_fresh_process(self):
@@ -139,7 +139,7 @@ class SessionConfigTest(tf.test.TestCase):
         self.assertEmpty(config.gpu_options.experimental.virtual_devices)
 
     def test_bad_num(self):
-        with self.assertRaisesRegex(ValueError, "`num_cpus` must be a positive int"):
+        with self.assertRaisesRegex(ValueError, "`num_cpus` must be an int >= 1; got 0"):
             towers.session_config(0)
 
 

@@ -71,17 +71,18 @@ class DynamicLossScaleTest(tf.test.TestCase):
 
     def test_arguments_are_checked(self):
         for make, error, message in [
-            (lambda: towers.DynamicLossScale(growth_interval=0), ValueError, "must be >= 1"),
-            (lambda: towers.DynamicLossScale(growth_factor=1.0), ValueError, "must be > 1"),
-            (lambda: towers.LossScale(0.0), ValueError, "`scale` must be > 0"),
-            (lambda: towers.LossScale("big"), TypeError, "`scale` must be a number"),
+            (lambda: towers.DynamicLossScale(growth_interval=0), ValueError, "an int >= 1"),
+            (lambda: towers.DynamicLossScale(growth_factor=1.0), ValueError, "number > 1"),
+            (lambda: towers.LossScale(0.0), ValueError, r"`scale` must be a finite number in \(0"),
+            (lambda: towers.LossScale("big"), TypeError, "`scale` must be a finite number"),
+            (lambda: towers.DynamicLossScale(1e39), ValueError, r"in \(0, 3.40282e\+38\]"),
         ]:
             with self.assertRaisesRegex(error, message):
                 make()
         model = _build()
         for loss_scale, nonfinite, error, message in [
             ("big", "default", TypeError, "`loss_scale` must be None, a number or"),
-            (-1.0, "default", ValueError, "`loss_scale` must be > 0"),
+            (-1.0, "default", ValueError, r"`loss_scale` must be a finite number in \(0"),
             (None, "ignore", ValueError, "`nonfinite` must be one of"),
             (towers.DynamicLossScale(), "raise", ValueError, "must be skipped, not 'raise'"),
         ]:

@@ -149,7 +149,7 @@ class ParameterServerTest(tf.test.TestCase, parameterized.TestCase):
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, r"at least one device; got \[\]"):
             towers.ParameterServer([])
-        with self.assertRaisesRegex(ValueError, "`bucket_bytes` must be a positive int"):
+        with self.assertRaisesRegex(ValueError, "`bucket_bytes` must be an int >= 1 or None"):
             towers.ParameterServer(bucket_bytes=0)
 
 

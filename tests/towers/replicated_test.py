@@ -248,7 +248,7 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         devices = test_util.devices(2)
         for kwargs, error, message in [
             ({"sparse": "bogus"}, ValueError, r"`sparse` must be one of .* got 'bogus'"),
-            ({"bucket_bytes": 0}, ValueError, "`bucket_bytes` must be a positive int"),
+            ({"bucket_bytes": 0}, ValueError, "`bucket_bytes` must be an int >= 1 or None"),
             ({"wire_dtype": tf.int8}, ValueError, "`wire_dtype` must be None, tf.float16"),
             ({"all_reduce": "fast"}, ValueError, r"`algorithm` must be one of \('auto'"),
         ]:

@@ -44,20 +44,21 @@ class ScheduleTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_bad_arguments(self):
         for make, error, message in [
-            (lambda: schedules.Constant(-1.0), ValueError, "`value` must be >= 0"),
+            (lambda: schedules.Constant(-1.0), ValueError, "`value` must be a finite number >= 0"),
+            (lambda: schedules.Constant(float("nan")), ValueError, "`value` must be a finite"),
             (lambda: schedules.PiecewiseConstant([1], [1.0]), ValueError, "one more entry"),
             (lambda: schedules.PiecewiseConstant([5, 2], [1, 2, 3]), ValueError, "must increase"),
             (
                 lambda: schedules.ExponentialDecay(0.1, 0, 0.5),
                 ValueError,
-                "`decay_steps` must be > 0",
+                "`decay_steps` must be a finite number > 0",
             ),
             (
                 lambda: schedules.CosineDecay(0.1, 10, alpha=2),
                 ValueError,
-                r"`alpha` must be in \[0, 1\]",
+                r"`alpha` must be a finite number in \[0, 1\]",
             ),
-            (lambda: schedules.LinearWarmup(10, "fast"), TypeError, "`after` must be a number"),
+            (lambda: schedules.LinearWarmup(10, "fast"), TypeError, "`after` must be a"),
         ]:
             with self.assertRaisesRegex(error, message):
                 make()

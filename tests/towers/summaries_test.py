@@ -99,9 +99,9 @@ class StepTimerTest(tf.test.TestCase):
         self.assertAllClose([v for _, v in found["perf/examples_per_second"]], [1e4, 1e4])
 
     def test_bad_arguments(self):
-        with self.assertRaisesRegex(ValueError, "`every` must be a positive int; got 0"):
+        with self.assertRaisesRegex(ValueError, "`every` must be an int >= 1 or None; got 0"):
             towers.StepTimer(every=0)
-        with self.assertRaisesRegex(ValueError, "`total_steps` must be a positive int"):
+        with self.assertRaisesRegex(TypeError, "`total_steps` must be an int >= 1 or None"):
             towers.StepTimer(total_steps=2.5)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from towers.files import as_path
+from towers.ops.internal import check_int
 from towers.variables import Target
 
 
@@ -29,11 +30,9 @@ def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:
 def check_options(
     every_n_steps: Any, keep_last: Any, monitor: Any, suffix: Any, suffixes: Any
 ) -> None:
-    """The manager's numeric and named options, or a ValueError naming the one that is off."""
-    if every_n_steps is not None and (not is_int(every_n_steps) or every_n_steps < 1):
-        raise ValueError(f"`every_n_steps` must be a positive int or None; got {every_n_steps!r}.")
-    if not is_int(keep_last) or keep_last < 1:
-        raise ValueError(f"`keep_last` must be a positive int; got {keep_last!r}.")
+    """The manager's numeric and named options: a TypeError or ValueError naming one off."""
+    check_int(every_n_steps, "every_n_steps", minimum=1, none=True)
+    check_int(keep_last, "keep_last", minimum=1)
     if monitor not in (None, "min", "max"):
         raise ValueError(f"`monitor` must be 'min', 'max' or None; got {monitor!r}.")
     if suffix not in suffixes:
@@ -60,10 +59,8 @@ def check_session(session: Any) -> None:
 
 
 def check_step(step: Any) -> int:
-    """`step` as an int, or a ValueError naming it (an int >= 0 that int64 holds)."""
-    if not is_int(step) or not 0 <= step < 2**63:
-        raise ValueError(f"`step` must be an int >= 0 (and < 2**63); got {step!r}.")
-    return int(step)
+    """`step` as an int >= 0 that int64 holds, or a TypeError or ValueError naming it."""
+    return check_int(step, "step", minimum=0, maximum=2**63 - 1)
 
 
 def finite_number(value: Any) -> float | None:
@@ -71,8 +68,3 @@ def finite_number(value: Any) -> float | None:
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
         return float(value) if math.isfinite(value) else None
     return None
-
-
-def is_int(value: Any) -> bool:
-    """Whether `value` is a Python or numpy integer (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

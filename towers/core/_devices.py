@@ -5,7 +5,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import library_code
+from towers.ops.internal import check_int, library_code
 from towers.workers import current_workers, local_devices
 
 KINDS = ("CPU", "GPU")
@@ -115,6 +115,7 @@ def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str
       Canonical device names, e.g. ["/device:GPU:0", "/device:GPU:1"].
 
     Raises:
+      TypeError: if `num` is not an int or None.
       ValueError: if `kind` is unknown, or fewer than `num` devices of that kind exist (the
         message lists the devices that do).
     """
@@ -124,8 +125,7 @@ def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str
     devices = [canonical_device(d) for d in local_devices(tf.config.list_logical_devices(kind))]
     if num is None:
         return devices
-    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-        raise ValueError(f"`num` must be a positive int or None; got {num!r}.")
+    num = check_int(num, "num", minimum=1)
     if num > len(devices):
         existing = [canonical_device(d) for d in tf.config.list_logical_devices()]
         raise ValueError(
@@ -149,7 +149,8 @@ def simulate_devices(num: int, kind: str = "CPU", *, memory_limit_mb: int | None
         limit to be split.
 
     Raises:
-      ValueError: if `num` or `kind` is invalid, a GPU split lacks `memory_limit_mb`, or no
+      TypeError: if `num` is not an int.
+      ValueError: if `num` < 1, `kind` is unknown, a GPU split lacks `memory_limit_mb`, or no
         physical device of `kind` exists.
       RuntimeError: if TensorFlow is already initialized with another number of devices.
 
@@ -158,8 +159,7 @@ def simulate_devices(num: int, kind: str = "CPU", *, memory_limit_mb: int | None
       >>> towers.list_devices()
       ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
     """
-    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-        raise ValueError(f"`num` must be a positive int; got {num!r}.")
+    num = check_int(num, "num", minimum=1)
     kind = _kind(kind)
     if kind == "GPU" and memory_limit_mb is None:
         raise ValueError(
@@ -203,6 +203,10 @@ def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
     Returns:
       The config, to pass as `tf.compat.v1.Session(config=...)`.
 
+    Raises:
+      TypeError: if `num_cpus` is not an int or None.
+      ValueError: if `num_cpus` < 1.
+
     Example:
       >>> towers.simulate_devices(4)
       >>> with tf.compat.v1.Session(graph=graph, config=towers.session_config()) as sess:
@@ -210,8 +214,7 @@ def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
     """
     if num_cpus is None:
         num_cpus = len(local_devices(tf.config.list_logical_devices("CPU")))
-    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1:
-        raise ValueError(f"`num_cpus` must be a positive int or None; got {num_cpus!r}.")
+    num_cpus = check_int(num_cpus, "num_cpus", minimum=1)
     config = tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus}, allow_soft_placement=False)
     _same_gpus(config.gpu_options, config.device_count)
     info = current_workers()

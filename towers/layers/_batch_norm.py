@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from towers.core import cross_tower_sum, current_tower
+from towers.ops.internal import check_bool, check_number
 from towers.variables import updates_state
 from towers.workers import current_workers
 
@@ -94,6 +95,7 @@ class BatchNorm(tf.Module):
       name: The module's name.
 
     Raises:
+      TypeError: if `momentum` or `epsilon` is not a number, or `sync` not a bool.
       ValueError: if `momentum` or `epsilon` is out of range.
 
     Example:
@@ -109,13 +111,9 @@ class BatchNorm(tf.Module):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
-            raise TypeError(f"`momentum` must be a number in [0, 1); got {momentum!r}.")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"`momentum` must be in [0, 1); got momentum={momentum}.")
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon <= 0:
-            raise ValueError(f"`epsilon` must be a number > 0; got epsilon={epsilon!r}.")
-        self.momentum, self.epsilon, self.sync = float(momentum), float(epsilon), bool(sync)
+        self.momentum = check_number(momentum, "momentum", minimum=0.0, below=1.0)
+        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
+        self.sync = check_bool(sync, "sync")
         self.built = False
 
     def __call__(self, x: tf.Tensor, training: bool) -> tf.Tensor:
@@ -134,7 +132,7 @@ class BatchNorm(tf.Module):
           ValueError: if `x` has unknown rank, rank < 2, or an unknown channel count.
         """
         x = tf.convert_to_tensor(x)
-        if not isinstance(training, bool):
+        if not isinstance(training, bool):  # (not check_bool: the message says more)
             raise TypeError(
                 f"`training` must be a Python bool; got {training!r}. Build one step for "
                 "training and another for inference."

@@ -11,7 +11,6 @@ from towers.optimizers._adam import Adam, AdamW
 from towers.optimizers._checks import (
     AppliesGradients,
     check_checkpointable,
-    check_coefficient,
     is_keras,
 )
 from towers.optimizers._lamb import LAMB
@@ -31,7 +30,6 @@ __all__ = [
     "RMSProp",
     "SGD",
     "check_checkpointable",
-    "check_coefficient",
     "is_keras",
     "schedules",
     "update_ops",

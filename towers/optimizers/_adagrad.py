@@ -4,7 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.optimizers._checks import check_coefficient
+from towers.ops.internal import check_number
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -38,15 +38,10 @@ class Adagrad(Optimizer):
         name: str = "Adagrad",
     ):
         super().__init__(learning_rate, name=name)
-        for value, label in (
-            (initial_accumulator_value, "initial_accumulator_value"),
-            (epsilon, "epsilon"),
-        ):
-            check_coefficient(value, label, 0.0, float("inf"), closed=False)
-            if value <= 0:
-                raise ValueError(f"`{label}` must be > 0; got {label}={value}.")
-        self.initial_slot_value = float(initial_accumulator_value)
-        self.epsilon = float(epsilon)
+        self.initial_slot_value = check_number(
+            initial_accumulator_value, "initial_accumulator_value", above=0.0
+        )
+        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
 
     def update(
         self,

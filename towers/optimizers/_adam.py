@@ -5,7 +5,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.optimizers._checks import check_coefficient, check_decays_representable
+from towers.ops.internal import check_number
+from towers.optimizers._checks import check_decays_representable
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -40,12 +41,9 @@ class Adam(Optimizer):
         name: str = "Adam",
     ):
         super().__init__(learning_rate, name=name)
-        check_coefficient(beta_1, "beta_1", 0.0, 1.0, closed=False)
-        check_coefficient(beta_2, "beta_2", 0.0, 1.0, closed=False)
-        check_coefficient(epsilon, "epsilon", 0.0, float("inf"), closed=False)
-        if epsilon <= 0:
-            raise ValueError(f"`epsilon` must be > 0; got epsilon={epsilon}.")
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.beta_1 = check_number(beta_1, "beta_1", minimum=0.0, below=1.0)
+        self.beta_2 = check_number(beta_2, "beta_2", minimum=0.0, below=1.0)
+        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
 
     def update(
         self,
@@ -103,7 +101,7 @@ class AdamW(Adam):
         name: str = "AdamW",
     ):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name=name)
-        check_coefficient(weight_decay, "weight_decay", 0.0, float("inf"), closed=False)
+        check_number(weight_decay, "weight_decay", minimum=0.0)
         self.weight_decay, self.exclude = float(weight_decay), tuple(exclude)
 
     def update(

@@ -8,6 +8,8 @@ from typing import Any, Protocol
 import numpy as np
 import tensorflow as tf
 
+from towers.ops.internal import check_number
+
 
 class AppliesGradients(Protocol):
     """Anything with `apply_gradients(grads_and_vars)`: all that `train_step` needs."""
@@ -21,7 +23,7 @@ def check_learning_rate(learning_rate: Any) -> None:
 
     Raises:
       TypeError: for anything else.
-      ValueError: for a negative number.
+      ValueError: for a negative, NaN or infinite number.
     """
     if isinstance(learning_rate, (tf.Tensor, tf.Variable)):
         if learning_rate.shape.rank not in (None, 0) or not learning_rate.dtype.is_floating:
@@ -38,8 +40,7 @@ def check_learning_rate(learning_rate: Any) -> None:
             "`learning_rate` must be a number, a scalar tensor or variable, or a schedule "
             f"(a callable of the step count); got {learning_rate!r}."
         )
-    if learning_rate < 0:
-        raise ValueError(f"`learning_rate` must be >= 0; got {learning_rate}.")
+    check_number(learning_rate, "learning_rate", minimum=0.0)
 
 
 def _check_takes_step(schedule: Any) -> None:
@@ -74,20 +75,6 @@ def check_decays_representable(var: Any, **decays: float) -> None:
                 f"variables in float32 and compute in {var.dtype.name} (see the README's mixed "
                 "precision recipe)."
             )
-
-
-def check_coefficient(value: Any, name: str, low: float, high: float, *, closed: bool) -> None:
-    """A number in [low, high) (or [low, high] when `closed`), else a clear error.
-
-    Raises:
-      TypeError: if `value` is not a number.
-      ValueError: if it is out of range.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a number; got {value!r}.")
-    if not (low <= value <= high if closed else low <= value < high):
-        bracket = "]" if closed else ")"
-        raise ValueError(f"`{name}` must be in [{low}, {high}{bracket}; got {name}={value}.")
 
 
 def check_checkpointable(optimizer: Any) -> None:

@@ -5,8 +5,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from towers.ops.internal import check_number
 from towers.optimizers._adam import Adam
-from towers.optimizers._checks import check_coefficient, check_decays_representable
+from towers.optimizers._checks import check_decays_representable
 from towers.optimizers._optimizer import LearningRate
 
 
@@ -44,8 +45,8 @@ class LAMB(Adam):
         name: str = "LAMB",
     ):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name=name)
-        check_coefficient(weight_decay, "weight_decay", 0.0, float("inf"), closed=False)
-        self.weight_decay, self.exclude = float(weight_decay), tuple(exclude)
+        self.weight_decay = check_number(weight_decay, "weight_decay", minimum=0.0)
+        self.exclude = tuple(exclude)
 
     def update(
         self,

@@ -5,7 +5,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.optimizers._checks import check_coefficient
+from towers.ops.internal import check_bool, check_number
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -48,13 +48,11 @@ class LARS(Optimizer):
         name: str = "LARS",
     ):
         super().__init__(learning_rate, name=name)
-        check_coefficient(momentum, "momentum", 0.0, 1.0, closed=False)
-        for value, label in ((weight_decay, "weight_decay"), (eta, "eta"), (epsilon, "epsilon")):
-            check_coefficient(value, label, 0.0, float("inf"), closed=False)
-        if eta <= 0:
-            raise ValueError(f"`eta` must be > 0; got eta={eta}.")
-        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
-        self.eta, self.epsilon, self.nesterov = float(eta), float(epsilon), bool(nesterov)
+        self.momentum = check_number(momentum, "momentum", minimum=0.0, below=1.0)
+        self.weight_decay = check_number(weight_decay, "weight_decay", minimum=0.0)
+        self.eta = check_number(eta, "eta", above=0.0)
+        self.epsilon = check_number(epsilon, "epsilon", minimum=0.0)
+        self.nesterov = check_bool(nesterov, "nesterov")
         self.exclude = tuple(exclude)
 
     def update(

@@ -4,7 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.optimizers._checks import check_coefficient
+from towers.ops.internal import check_bool, check_number
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -41,13 +41,10 @@ class RMSProp(Optimizer):
         name: str = "RMSProp",
     ):
         super().__init__(learning_rate, name=name)
-        check_coefficient(rho, "rho", 0.0, 1.0, closed=False)
-        check_coefficient(momentum, "momentum", 0.0, 1.0, closed=False)
-        check_coefficient(epsilon, "epsilon", 0.0, float("inf"), closed=False)
-        if epsilon <= 0:
-            raise ValueError(f"`epsilon` must be > 0; got epsilon={epsilon}.")
-        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
-        self.centered = bool(centered)
+        self.rho = check_number(rho, "rho", minimum=0.0, below=1.0)
+        self.momentum = check_number(momentum, "momentum", minimum=0.0, below=1.0)
+        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
+        self.centered = check_bool(centered, "centered")
         self.slot_names = ("ms", "mom", "mg") if centered else ("ms", "mom")
 
     def update(

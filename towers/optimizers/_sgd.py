@@ -4,7 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.optimizers._checks import check_coefficient
+from towers.ops.internal import check_bool, check_number
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -43,8 +43,8 @@ class SGD(Optimizer):
         name: str = "SGD",
     ):
         super().__init__(learning_rate, name=name)
-        check_coefficient(momentum, "momentum", 0.0, 1.0, closed=False)
-        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.momentum = check_number(momentum, "momentum", minimum=0.0, below=1.0)
+        self.nesterov = check_bool(nesterov, "nesterov")
         self.slot_names = ("momentum",) if momentum else ()
 
     def update(

@@ -7,6 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from towers.ops.internal import check_number
+
 
 class Schedule(abc.ABC):
     """A learning rate as a function of the number of updates done.
@@ -135,8 +137,7 @@ class CosineDecay(Schedule):
     def __init__(self, initial: float, decay_steps: int, alpha: float = 0.0):
         self.initial = _non_negative(initial, "initial")
         self.decay_steps = _positive(decay_steps, "decay_steps")
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"`alpha` must be in [0, 1]; got alpha={alpha}.")
+        alpha = check_number(alpha, "alpha", minimum=0.0, maximum=1.0)
         self.alpha = float(alpha)
 
     def rate(self, step: tf.Tensor) -> tf.Tensor:
@@ -180,14 +181,8 @@ class LinearWarmup(Schedule):
 
 
 def _non_negative(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number; got {value!r}.")
-    if value < 0:
-        raise ValueError(f"`{name}` must be >= 0; got {name}={value}.")
-    return float(value)
+    return check_number(value, name, minimum=0.0)
 
 
 def _positive(value: Any, name: str) -> float:
-    if _non_negative(value, name) <= 0:
-        raise ValueError(f"`{name}` must be > 0; got {name}={value}.")
-    return float(value)
+    return check_number(value, name, above=0.0)

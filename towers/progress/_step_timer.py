@@ -7,6 +7,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
+from towers.ops.internal import check_int
 from towers.progress._summaries import summary_scalar
 
 
@@ -49,10 +50,7 @@ class StepTimer:
             ("examples_per_step", examples_per_step),
             ("every", every),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"`{label}` must be a positive int; got {value!r}.")
-            if value is not None and value < 1:
-                raise ValueError(f"`{label}` must be a positive int; got {value!r}.")
+            check_int(value, label, minimum=1, none=True)
         self.total_steps, self.examples_per_step = total_steps, examples_per_step
         self.every, self._clock = every, clock
         self._mark: tuple[int, float] | None = None  # (step, time) of the last report

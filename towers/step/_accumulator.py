@@ -4,7 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import densified
+from towers.ops.internal import check_int, densified
 from towers.variables import CopiedState, Copies
 
 
@@ -36,11 +36,7 @@ class GradientAccumulator(tf.Module, CopiedState):
 
     def __init__(self, every: int, name: str = "gradient_accumulator"):
         super().__init__(name=name)
-        if isinstance(every, bool) or not isinstance(every, int):
-            raise TypeError(f"`every` must be an int; got {every!r}.")
-        if every < 1:
-            raise ValueError(f"`every` must be >= 1; got every={every}.")
-        self.every = every
+        self.every = check_int(every, "every", minimum=1)
         with tf.init_scope(), tf.device("/cpu:0"):
             self.calls = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="calls")
             self.examples = tf.Variable(0.0, trainable=False, name="examples")

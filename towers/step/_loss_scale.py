@@ -7,11 +7,15 @@ a `DynamicLossScale` also adapts the scale; both are `tf.Module`s a checkpoint k
 (`CheckpointManager(..., extra={"loss_scale": scale})`).
 """
 
+import numbers
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
-from towers.optimizers import check_coefficient
+from towers.ops.internal import check_int, check_number
+
+_LARGEST_FLOAT32 = float(np.finfo(np.float32).max)  # scales are float32 variables
 
 
 class LossScale(tf.Module):
@@ -31,11 +35,9 @@ class LossScale(tf.Module):
 
     def __init__(self, scale: float = 1.0, name: str = "loss_scale"):
         super().__init__(name=name)
-        check_coefficient(scale, "scale", 0.0, float("inf"), closed=False)
-        if scale <= 0:
-            raise ValueError(f"`scale` must be > 0; got scale={scale}.")
+        scale = check_number(scale, "scale", above=0.0, maximum=_LARGEST_FLOAT32)
         with tf.init_scope(), tf.device("/cpu:0"):
-            self.scale = tf.Variable(float(scale), trainable=False, name="scale")
+            self.scale = tf.Variable(scale, trainable=False, name="scale")
             self.skipped_steps = tf.Variable(
                 tf.constant(0, tf.int64), trainable=False, name="skipped_steps"
             )
@@ -83,20 +85,10 @@ class DynamicLossScale(LossScale):
         name: str = "dynamic_loss_scale",
     ):
         super().__init__(initial_scale, name=name)
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int):
-            raise TypeError(f"`growth_interval` must be an int; got {growth_interval!r}.")
-        if growth_interval < 1:
-            raise ValueError(f"`growth_interval` must be >= 1; got {growth_interval}.")
-        check_coefficient(backoff_factor, "backoff_factor", 0.0, 1.0, closed=False)
-        for value, label in ((growth_factor, "growth_factor"), (min_scale, "min_scale")):
-            check_coefficient(value, label, 0.0, float("inf"), closed=False)
-        if growth_factor <= 1 or backoff_factor <= 0 or min_scale <= 0:
-            raise ValueError(
-                "`growth_factor` must be > 1, `backoff_factor` > 0 and `min_scale` > 0; got "
-                f"{growth_factor}, {backoff_factor}, {min_scale}."
-            )
-        self.growth_interval, self.growth_factor = growth_interval, float(growth_factor)
-        self.backoff_factor, self.min_scale = float(backoff_factor), float(min_scale)
+        self.growth_interval = check_int(growth_interval, "growth_interval", minimum=1)
+        self.growth_factor = check_number(growth_factor, "growth_factor", above=1.0)
+        self.backoff_factor = check_number(backoff_factor, "backoff_factor", above=0.0, below=1.0)
+        self.min_scale = check_number(min_scale, "min_scale", above=0.0)
         with tf.init_scope(), tf.device("/cpu:0"):
             self.good_steps = tf.Variable(
                 tf.constant(0, tf.int64), trainable=False, name="good_steps"
@@ -134,14 +126,12 @@ def as_loss_scale(loss_scale: Any) -> LossScale | float | None:
     """
     if loss_scale is None or isinstance(loss_scale, LossScale):
         return loss_scale
-    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)):
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real):
         raise TypeError(
             "`loss_scale` must be None, a number or a towers.LossScale / DynamicLossScale; got "
             f"{type(loss_scale).__name__}."
         )
-    if loss_scale <= 0:
-        raise ValueError(f"`loss_scale` must be > 0; got {loss_scale}.")
-    return float(loss_scale)
+    return check_number(loss_scale, "loss_scale", above=0.0, maximum=_LARGEST_FLOAT32)
 
 
 def scale_value(loss_scale: LossScale | float | None) -> tf.Tensor | float:

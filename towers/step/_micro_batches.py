@@ -6,7 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 import towers.ops as ops
-from towers.ops.internal import accumulation_dtype, normalized_weights, weight_in
+from towers.ops.internal import accumulation_dtype, check_int, normalized_weights, weight_in
 
 
 def _weights(sizes: list) -> list:
@@ -21,11 +21,7 @@ def check_micro_batches(micro_batches: Any) -> int:
       TypeError: if it is not an int.
       ValueError: if it is < 1.
     """
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
-        raise TypeError(f"`micro_batches` must be an int; got {micro_batches!r}.")
-    if micro_batches < 1:
-        raise ValueError(f"`micro_batches` must be >= 1; got micro_batches={micro_batches}.")
-    return micro_batches
+    return check_int(micro_batches, "micro_batches", minimum=1)
 
 
 def in_micro_batches(

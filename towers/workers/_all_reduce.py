@@ -9,6 +9,7 @@ from towers.ops import (
     collective_order,
     internal,
 )
+from towers.ops.internal import check_bool
 from towers.workers._cluster import current_workers
 
 # The default timeout of reductions in v1 graphs (see WorkersAllReduce), in seconds.
@@ -48,9 +49,7 @@ class WorkersAllReduce(CollectiveAllReduce):
 
     def __init__(self, timeout_seconds: float | None = None, *, local_first: bool = True):
         super().__init__(timeout_seconds)
-        if not isinstance(local_first, bool):
-            raise TypeError(f"`local_first` must be a bool; got {type(local_first).__name__}.")
-        self.local_first = local_first
+        self.local_first = check_bool(local_first, "local_first")
 
     def group_size(self, num_values: int) -> int:
         """Every worker's devices: `num_values` local ones times the number of workers."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from towers.ops.internal import check_number
+
 LEADER = "/job:{job}/replica:0/task:0"
 
 
@@ -90,8 +92,7 @@ def init_workers(
         ("heartbeat_seconds", heartbeat_seconds),
         ("startup_timeout_seconds", startup_timeout_seconds),
     ):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"`{label}` must be a positive number of seconds; got {value!r}.")
+        check_number(value, label, above=0.0)
     cluster, job, index = _read_tf_config(os.environ.get("TF_CONFIG"))
     if cluster is None:
         return current_workers()
