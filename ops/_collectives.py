@@ -28,6 +28,7 @@ import random
 import zlib
 from collections.abc import Iterator
 
+from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
 CROSS_TOWER_WORKERS = range(2**17, 2**17 + 2**16)
@@ -119,6 +120,7 @@ def trace_count(name: str) -> int:
     return counts[name]
 
 
+@library_code
 def reduce_on(
     device: str, value: tf.Tensor, size: int, group: int, instance: int, timeout: float
 ) -> tf.Tensor:
@@ -160,6 +162,7 @@ def reduce_on(
     return summed
 
 
+@library_code
 @contextlib.contextmanager
 def collective_order() -> Iterator[None]:
     """In a v1 graph, chains the collectives built inside, per device, in build order.

@@ -21,6 +21,7 @@ class PackSpec:
     shapes: tuple[tf.TensorShape, ...]
 
 
+@library_code
 def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
     """Groups tensors, in order, into buckets of one dtype and at most `bucket_bytes` each.
 

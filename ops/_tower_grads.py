@@ -6,11 +6,13 @@ list; each entry is a `tf.Tensor`, a `tf.IndexedSlices` or None.
 
 from collections.abc import Sequence
 
+from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
 Gradient = tf.Tensor | tf.IndexedSlices | None
 
 
+@library_code
 def split_grad_list(
     tower_grads_and_vars: Sequence[Sequence[tuple[Gradient, tf.Variable]]],
 ) -> tuple[list[list[Gradient]], list[list[tf.Variable]]]:
@@ -41,6 +43,7 @@ def split_grad_list(
     return grads, variables
 
 
+@library_code
 def merge_grad_list(
     grads: Sequence[Sequence[Gradient]], variables: Sequence[Sequence[tf.Variable]]
 ) -> list[list[tuple[Gradient, tf.Variable]]]:

@@ -21,6 +21,7 @@ training program needs none of it. It is the one door through which `towers` rea
   `towers.core.user_code_entry`).
 - Arguments: `check_int`, `check_number` (finite), `check_bool`: a `TypeError` for a wrong
   type, a `ValueError` for a value out of range, one wording everywhere.
+- Control: `update_ops` (the ops in nested update results, for a control dependency).
 - Placement: `device_scope` (a device, or the caller's scope for None) and `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel).
 """
@@ -47,6 +48,7 @@ from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._packing import check_bucket_bytes
 from towers.ops._slices import deduplicated, densified
 from towers.ops._tower_grads import Gradient
+from towers.ops._updates import update_ops
 from towers.ops._weighted_mean import Weight, accumulation_dtype, normalized_weights, weight_in
 
 __all__ = [
@@ -78,5 +80,6 @@ __all__ = [
     "spread",
     "sum_on",
     "trace_count",
+    "update_ops",
     "weight_in",
 ]

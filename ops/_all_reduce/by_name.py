@@ -2,11 +2,13 @@
 
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.hierarchical import ACROSS, HierarchicalAllReduce
+from towers.ops._autograph import library_code
 
 _CLASSES = {**ACROSS, HierarchicalAllReduce.name: HierarchicalAllReduce}
 ALGORITHMS = tuple(sorted(_CLASSES))
 
 
+@library_code
 def all_reduce_algorithm(algorithm: str | AllReduce) -> AllReduce:
     """A new instance of the algorithm named `algorithm`, or `algorithm` itself.
 

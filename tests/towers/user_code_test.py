@@ -1,9 +1,12 @@
 """User code keeps AutoGraph's Python control flow while the library's own code is skipped."""
 
+import sys
+
 import tensorflow as tf
 
 import towers
 from tests import test_util
+from towers import ops
 
 
 def _gated_loss(model, gate):
@@ -121,6 +124,69 @@ class UserCodeTest(tf.test.TestCase):
 
         with self.assertRaisesRegex(TypeError, "bool"):
             step(test_util.batch(8))
+
+
+class LibraryCodeTest(tf.test.TestCase):
+    """The rule: no function of towers or towers.ops runs converted by AutoGraph.
+
+    AutoGraph runs a converted function from a generated file, with the original function's
+    module globals; a profile of the trace sees every such call.
+    """
+
+    def _converted_modules(self, fn, *args):
+        seen = set()
+
+        def profile(frame, event, arg):
+            del arg
+            code = frame.f_code  # a converted function: tf__<name>, in a generated file
+            if (
+                event == "call"
+                and code.co_name.startswith("tf__")
+                and ("__autograph_generated_file" in code.co_filename)
+            ):
+                seen.add((frame.f_globals.get("__name__", "?"), code.co_name))
+
+        sys.setprofile(profile)
+        try:
+            tf.function(fn).get_concrete_function(*args)
+        finally:
+            sys.setprofile(None)
+        return seen
+
+    def test_no_library_function_called_from_user_code_is_converted(self):
+        devices = test_util.devices(2)
+        model, other = test_util.built_model(), test_util.built_model()
+        bn = towers.BatchNorm(sync=True)
+
+        def user_loss(batch):  # user code calls the public stages from inside a tower
+            inputs, labels = batch
+            tower = towers.current_tower()
+            hidden = bn(tf.expand_dims(inputs["features"], 1), training=True)
+            mean, _ = towers.batch_moments(hidden, [0, 1])
+            total = towers.cross_tower_sum(tf.reduce_sum(mean), weight=1.0)
+            towers.summary_scalar("user/total", total)
+            loss, logits = test_util.loss_fn(model)(batch)
+            if tower.is_chief:
+                loss = loss + 0.0 * total
+            return loss, logits
+
+        def user_step(batch):
+            shards = ops.split_batch(batch, 2)
+            sizes = ops.shard_sizes(batch, 2)
+            merged = ops.merge_outputs([s[1] for s in shards], "concat", weights=sizes)
+            loss, _ = towers.train_step(user_loss, model, towers.SGD(0.1), batch, devices)
+            grads = [[tf.ones([2])], [tf.ones([2])]]
+            mean = ops.average_gradients(grads, weights=sizes)
+            buckets = ops.pack([tf.ones([3]), tf.ones([2])], ops.pack_spec([tf.ones([3])], 64))
+            tower_loss, _, _ = towers.tower_gradients(test_util.loss_fn(other), other, batch)
+            return loss, merged, mean, buckets, tower_loss
+
+        converted = self._converted_modules(user_step, test_util.batch(6))
+        self.assertIn((__name__, "tf__user_loss"), converted)  # user code is, as it should be
+        library = sorted((m, f) for m, f in converted if m.split(".")[0] == "towers")
+        # user_code_entry's wrapper alone runs converted, on purpose: it reads the caller's
+        # AutoGraph status, and runs the library function itself unconverted.
+        self.assertEqual(library, [("towers.core._autograph", "tf__entry")])
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ import tensorflow as tf
 
 from towers.core._tower_context import TowerContext, current_tower
 from towers.ops import CollectiveAllReduce, internal
+from towers.ops.internal import library_code
 from towers.workers import WorkersAllReduce, current_workers
 
 
+@library_code
 def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -> tf.Tensor:
     """The sum of `value` over every tower being built; outside towers, `value` itself.
 

@@ -136,6 +136,7 @@ def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str
     return devices[:num]
 
 
+@library_code
 def simulate_devices(num: int, kind: str = "CPU", *, memory_limit_mb: int | None = None) -> None:
     """Splits the first physical device of `kind` into `num` logical devices.
 
@@ -184,6 +185,7 @@ def simulate_devices(num: int, kind: str = "CPU", *, memory_limit_mb: int | None
         ) from None
 
 
+@library_code
 def session_config(num_cpus: int | None = None) -> tf.compat.v1.ConfigProto:
     """A `tf.compat.v1.ConfigProto` whose sessions have the logical devices towers use.
 

@@ -5,11 +5,12 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from towers.core import cross_tower_sum, current_tower
-from towers.ops.internal import check_bool, check_number
+from towers.ops.internal import check_bool, check_number, library_code
 from towers.variables import updates_state
 from towers.workers import current_workers
 
 
+@library_code
 def batch_moments(
     x: tf.Tensor, axes: Sequence[int], *, sync: bool = True
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -116,6 +117,7 @@ class BatchNorm(tf.Module):
         self.sync = check_bool(sync, "sync")
         self.built = False
 
+    @library_code
     def __call__(self, x: tf.Tensor, training: bool) -> tf.Tensor:
         """Normalizes `x` over all axes but the last.
 

@@ -15,7 +15,7 @@ from towers.optimizers._checks import (
 )
 from towers.optimizers._lamb import LAMB
 from towers.optimizers._lars import LARS
-from towers.optimizers._optimizer import Optimizer, update_ops
+from towers.optimizers._optimizer import Optimizer
 from towers.optimizers._rmsprop import RMSProp
 from towers.optimizers._sgd import SGD
 
@@ -32,5 +32,4 @@ __all__ = [
     "check_checkpointable",
     "is_keras",
     "schedules",
-    "update_ops",
 ]

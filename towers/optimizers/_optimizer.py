@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import deduplicated, densified, device_scope, library_code
+from towers.ops.internal import deduplicated, densified, device_scope, library_code, update_ops
 from towers.optimizers._checks import check_learning_rate
 from towers.variables import CopiedState, Copies, canonical_name, variable_copies
 
@@ -122,6 +122,7 @@ class Optimizer(tf.Module, CopiedState):
         del grad, var, slots, lr, step
         return NotImplemented
 
+    @library_code
     def build(self, variables: Any) -> None:
         """Creates the state of every variable (and copy) that lacks it, and names it.
 
@@ -135,6 +136,7 @@ class Optimizer(tf.Module, CopiedState):
             for copy, var in enumerate(group):
                 self._state_of(var, name, copy)
 
+    @library_code
     def state_name(self, var: tf.Variable) -> str:
         """The name the state of `var` goes by in weight files (its state is made if new).
 
@@ -207,6 +209,7 @@ class Optimizer(tf.Module, CopiedState):
         """Whether this optimizer keeps a step count (its rule or its schedule uses it)."""
         return self.uses_step or _is_schedule(self.learning_rate)
 
+    @library_code
     def current_learning_rate(self, step: tf.Tensor) -> tf.Tensor:
         """The learning rate at `step` updates done.
 
@@ -221,6 +224,7 @@ class Optimizer(tf.Module, CopiedState):
             rate = rate(step)
         return tf.convert_to_tensor(rate)
 
+    @library_code
     def excluded(self, var: tf.Variable, patterns: Iterable[str]) -> bool:
         """Whether the variable's canonical name matches one of `patterns` (ignoring case).
 
@@ -282,18 +286,3 @@ def _is_schedule(rate: Any) -> bool:
 
 def _is_copies(variables: Any) -> bool:
     return isinstance(variables, Mapping) and all(isinstance(v, tuple) for v in variables.values())
-
-
-def update_ops(updates: Any) -> list:
-    """The ops and tensors in update results (nested), for a control dependency.
-
-    A variable's `assign` in a graph returns the variable, unread: its `op` is the update.
-    Anything else (None, numbers, eagerly run updates) is left out.
-    """
-    found = []
-    for value in tf.nest.flatten(updates):
-        if isinstance(value, (tf.Operation, tf.Tensor)):
-            found.append(value)
-        elif isinstance(getattr(value, "op", None), tf.Operation):
-            found.append(value.op)
-    return found

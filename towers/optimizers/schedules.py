@@ -7,6 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from towers.core import as_caller_would, user_code_entry
 from towers.ops.internal import check_number
 
 
@@ -18,6 +19,7 @@ class Schedule(abc.ABC):
     takes one as its `learning_rate`.
     """
 
+    @user_code_entry
     def __call__(self, step: Any) -> tf.Tensor:
         """The rate at `step` updates done.
 
@@ -27,7 +29,8 @@ class Schedule(abc.ABC):
         Returns:
           A float32 scalar tensor.
         """
-        return tf.cast(self.rate(tf.cast(step, tf.float32)), tf.float32)
+        rate = as_caller_would(self.rate)  # a schedule of the user's own is user code
+        return tf.cast(rate(tf.cast(step, tf.float32)), tf.float32)
 
     @abc.abstractmethod
     def rate(self, step: tf.Tensor) -> tf.Tensor:

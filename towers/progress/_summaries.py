@@ -5,6 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.core import current_tower
+from towers.ops.internal import library_code
 
 
 def _scalar_metadata() -> bytes:
@@ -17,6 +18,7 @@ def _scalar_metadata() -> bytes:
 _SCALARS = _scalar_metadata()
 
 
+@library_code
 def summary_scalar(name: str, value: Any, step: Any = None) -> Any:
     """Writes a scalar to the default summary writer, once per step, tagged `name` exactly.
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import check_int, densified
+from towers.ops.internal import check_int, densified, library_code
 from towers.variables import CopiedState, Copies
 
 
@@ -43,6 +43,7 @@ class GradientAccumulator(tf.Module, CopiedState):
         self._sums: dict[Any, tuple[str, int, tf.Variable]] = {}  # var.ref() -> its sum
         self.sum_variables: list[tf.Variable] = []
 
+    @library_code
     def build(self, copies: Copies) -> None:
         """Creates the sums of every copy of every variable that lacks one.
 
@@ -71,6 +72,7 @@ class GradientAccumulator(tf.Module, CopiedState):
         copies = {name: tuple(v for _, v in sorted(c.items())) for name, c in found.items()}
         return {**copies, "calls": (self.calls,), "examples": (self.examples,)}
 
+    @library_code
     def ready(self) -> tf.Tensor:
         """Whether this call completes `every` calls (read before `finish`).
 
@@ -80,6 +82,7 @@ class GradientAccumulator(tf.Module, CopiedState):
         with tf.device(self.calls.device):
             return tf.equal((self.calls + 1) % self.every, 0)
 
+    @library_code
     def add(self, grads: list, variables: list, batch_size: Any) -> list:
         """Adds one copy's gradients times the batch size; returns the mean since the update.
 
@@ -105,6 +108,7 @@ class GradientAccumulator(tf.Module, CopiedState):
                 means.append(tf.convert_to_tensor(added) / tf.cast(examples, grad.dtype))
         return means
 
+    @library_code
     def finish(self, ready: tf.Tensor, batch_size: Any, after: list) -> Any:
         """Counts the call; after an update (`ready`) zeroes the sums and the example count.
 

@@ -6,8 +6,8 @@ from typing import Any
 import tensorflow as tf
 
 from towers.core import as_caller_would, user_code_entry
-from towers.ops.internal import device_scope, host_scope, library_code
-from towers.optimizers import AppliesGradients, Optimizer, update_ops
+from towers.ops.internal import device_scope, host_scope, library_code, update_ops
+from towers.optimizers import AppliesGradients, Optimizer
 from towers.step._accumulator import GradientAccumulator
 from towers.step._loss_scale import LossScale, scale_value
 from towers.variables import ReducedGradients, VariableStrategy

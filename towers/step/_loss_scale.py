@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from towers.ops.internal import check_int, check_number
+from towers.ops.internal import check_int, check_number, library_code
 
 _LARGEST_FLOAT32 = float(np.finfo(np.float32).max)  # scales are float32 variables
 
@@ -42,6 +42,7 @@ class LossScale(tf.Module):
                 tf.constant(0, tf.int64), trainable=False, name="skipped_steps"
             )
 
+    @library_code
     def update(self, finite: tf.Tensor) -> Any:
         """Counts a skipped step when `finite` is False.
 
@@ -94,6 +95,7 @@ class DynamicLossScale(LossScale):
                 tf.constant(0, tf.int64), trainable=False, name="good_steps"
             )
 
+    @library_code
     def update(self, finite: tf.Tensor) -> Any:
         """Adapts the scale to this step and counts it if skipped.
 

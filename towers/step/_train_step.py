@@ -8,8 +8,8 @@ import tensorflow as tf
 
 import towers.ops as ops
 from towers.core import as_caller_would, current_tower, device_list, user_code_entry
-from towers.ops.internal import library_code
-from towers.optimizers import AppliesGradients, Optimizer, is_keras, update_ops
+from towers.ops.internal import library_code, update_ops
+from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
 from towers.step._apply_reduced import NONFINITE, GradientHook, apply_reduced
 from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value

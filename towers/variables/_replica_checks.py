@@ -3,10 +3,12 @@
 import numpy as np
 import tensorflow as tf
 
+from towers.ops.internal import library_code
 from towers.variables._names import names_of
 from towers.variables._targets import Target, variable_copies
 
 
+@library_code
 def check_replicas_identical(target: Target) -> None:
     """Checks that every copy of every variable equals the first, bit for bit (eagerly).
 

@@ -4,6 +4,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
+from towers.ops.internal import library_code
 from towers.variables._names import CopiedState, Copies, names_of
 from towers.variables._strategy import VariableStrategy
 
@@ -12,6 +13,7 @@ Target = (
 )
 
 
+@library_code
 def named_variables(target: Target) -> dict[str, tf.Variable]:
     """The variables of `target` under names that any program building it agrees on.
 

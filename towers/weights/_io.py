@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from towers.files import as_path
+from towers.ops.internal import library_code
 from towers.variables import Target, named_variables, variable_copies
 from towers.weights._formats import format_of, read_arrays, weights_files_in, write_arrays
 
@@ -33,6 +34,7 @@ class RestoreReport:
         return not (self.missing or self.unexpected or self.mismatched)
 
 
+@library_code
 def save_weights(target: Target, path: str, *, session: tf.compat.v1.Session | None = None) -> None:
     """Saves the variables of `target` under canonical, tower-free names.
 
@@ -61,6 +63,7 @@ def save_weights(target: Target, path: str, *, session: tf.compat.v1.Session | N
     write_arrays(path, _values(variables, session))
 
 
+@library_code
 def restore_weights(
     target: Target, path: str, *, strict: bool = True, session: tf.compat.v1.Session | None = None
 ) -> RestoreReport:
@@ -96,6 +99,7 @@ def restore_weights(
     return restore_arrays(copies, arrays, path, strict=strict, session=session)
 
 
+@library_code
 def read_weights(path: str) -> dict[str, np.ndarray]:
     """Every array of a weights file, by name; for inspection and conversion.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import check_number
+from towers.ops.internal import check_number, library_code
 
 LEADER = "/job:{job}/replica:0/task:0"
 
@@ -48,6 +48,7 @@ class WorkerInfo:
 _joined: list[WorkerInfo] = []
 
 
+@library_code
 def current_workers() -> WorkerInfo:
     """The cluster this process joined with `init_workers`, or one worker alone.
 
@@ -57,6 +58,7 @@ def current_workers() -> WorkerInfo:
     return _joined[0] if _joined else WorkerInfo()
 
 
+@library_code
 def init_workers(
     *,
     heartbeat_seconds: float = 5.0,
@@ -107,6 +109,7 @@ def init_workers(
     return info
 
 
+@library_code
 def barrier(name: str, timeout_seconds: float = 300.0) -> None:
     """Waits until every worker reaches the barrier `name` (nothing to wait for alone).
 
