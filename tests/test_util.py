@@ -1,7 +1,7 @@
 """Helpers shared by the tests: devices, a model, and hand-written single-device references.
 
 Importing this module sets the process up as every test expects (so that each test file also
-runs alone, e.g. `python -m tests.towers.train_step_test`): TensorFlow's INFO and WARNING logs
+runs alone, e.g. `python -m tests.towers.step.train_step_test`): TensorFlow's INFO and WARNING logs
 quieted (errors stay), and one CPU split into 8 logical devices.
 
 Two tiers, chosen by the environment variable `TOWERS_TEST_KIND`:
@@ -70,6 +70,7 @@ with _quiet_start():
         tf.config.list_logical_devices()  # CUDA starts now (the runtime, with its GPUs)
 if KIND == "GPU":  # CUDA is initialized: for the processes tests start (each would take the
     os.environ.update(CUDA_VISIBLE_DEVICES="", TOWERS_TEST_KIND="CPU")  # whole GPU): CPU tier
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 VOCAB, FEATURES, EMBED, HIDDEN, CLASSES = 13, 6, 4, 8, 3
 
 
@@ -220,8 +221,7 @@ def op_devices(graph: tf.Graph, pattern: str) -> dict[str, str]:
 
 def run_python(code: str, timeout: float = 120) -> str:
     """Runs `code` in a fresh interpreter with this project importable; returns its stdout."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from examples import inference, quickstart
 from tests import test_util
-from tests.towers import summaries_test
+from tests.towers.progress import summaries_test
 
 
 def _reference(batch_size, steps, learning_rate, seed=0):

@@ -8,7 +8,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
-from tests.towers import optimizer_test
+from tests.towers.optimizers import optimizer_test
 
 STEPS = 4
 

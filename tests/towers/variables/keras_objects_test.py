@@ -188,7 +188,7 @@ class WeightFilesTest(tf.test.TestCase):
         got = test_util.run_python(
             f"""
 import json, numpy as np, tensorflow as tf, keras, towers
-from tests.towers.keras_objects_test import Holder
+from tests.towers.variables.keras_objects_test import Holder
 model = Holder(keras)
 model(tf.zeros([1, 6]))
 towers.restore_weights(model, {path!r})

@@ -18,7 +18,7 @@ from towers.workers import launch
 
 # What a survivor may see: the peer's connection reset, or the coordination service's verdict.
 ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError", "CancelledError")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = test_util.ROOT
 
 
 def _ports(n):
@@ -32,7 +32,7 @@ def _ports(n):
 
 
 def _start_workers(n, *args, devices=2, local_first=True):
-    """Starts `n` workers of `workers_program` with their TF_CONFIG; returns the processes."""
+    """Starts `n` workers of `tests.towers.workers.program` with their TF_CONFIG; returns the processes."""
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
     for i in range(n):
@@ -42,7 +42,7 @@ def _start_workers(n, *args, devices=2, local_first=True):
         env["WORKER_LOCAL_FIRST"] = str(int(local_first))
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "tests.towers.workers_program", *args],
+                [sys.executable, "-m", "tests.towers.workers.program", *args],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -75,7 +75,7 @@ def _reference(sizes, steps=10, mode="train"):
 
 
 def workers_program_sizes(mode, sizes, i):
-    """The workers' batch sizes at step i (as `workers_program.step_sizes`)."""
+    """The workers' batch sizes at step i (as `program.step_sizes`)."""
     if mode == "retrace" and i >= 5:
         return [n - 2 if w == 1 else n for w, n in enumerate(sizes)]
     return sizes
@@ -121,7 +121,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(1, 2)
     def test_a_synchronized_batch_norm_spans_the_workers(self, devices):
         """Statistics of the global batch, as one device's BatchNorm on the whole of it."""
-        from tests.towers import batch_norm_test  # noqa: PLC0415
+        from tests.towers.layers import batch_norm_test  # noqa: PLC0415
 
         path = os.path.join(self.get_temp_dir(), "bn.npz")
         started = _start_workers(2, "batch_norm", path, "5,6", devices=devices)
@@ -146,7 +146,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_the_launcher_runs_them(self):
         path = os.path.join(self.get_temp_dir(), "launched.npz")
-        script = os.path.join(ROOT, "tests", "towers", "workers_program.py")
+        script = os.path.join(ROOT, "tests", "towers", "workers", "program.py")
         env = {**os.environ, "PYTHONPATH": ROOT}
         code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
         self.assertEqual(code, 0)

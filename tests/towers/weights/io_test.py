@@ -12,7 +12,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
-from tests.towers import golden
+from tests.towers.weights import golden
 from towers import ops
 
 FORMATS = ("w.npz", "w.h5", "ckpt")
@@ -480,9 +480,7 @@ class AtomicSaveTest(tf.test.TestCase):
         directory = self.get_temp_dir()
         env = {
             **os.environ,
-            "PYTHONPATH": os.path.dirname(
-                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            ),
+            "PYTHONPATH": test_util.ROOT,
         }
         rng = random.Random(0)
         interrupted = 0

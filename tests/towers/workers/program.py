@@ -1,6 +1,6 @@
-"""A worker of the multi-worker tests: run by `workers_test.py`, one process per worker.
+"""A worker of the multi-worker tests: run by `cluster_test.py`, one process per worker.
 
-Usage: TF_CONFIG=... python -m tests.towers.workers_program MODE OUT [SIZES]
+Usage: TF_CONFIG=... python -m tests.towers.workers.program MODE OUT [SIZES]
 MODE:
 - "train": 10 steps on this worker's part of each global batch; the chief saves the weights
   to OUT.
@@ -88,7 +88,7 @@ def main_v1(out, sizes, steps=10, kill=False):
 
 def main_batch_norm(out, sizes, steps=3):
     """A synchronized BatchNorm whose statistics span every worker's towers."""
-    from tests.towers import batch_norm_test  # noqa: PLC0415
+    from tests.towers.layers import batch_norm_test  # noqa: PLC0415
 
     devices = towers.list_devices()
     replicas = towers.Replicated(

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "golden_weights.npz")
+PATH = os.path.join(os.path.dirname(__file__), "..", "..", "data", "golden_weights.npz")
 
 
 def values() -> dict[str, np.ndarray]:

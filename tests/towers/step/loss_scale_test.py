@@ -8,7 +8,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
-from tests.towers import optimizers_test
+from tests.towers.optimizers import rules_test as optimizers_test
 
 BAD_STEP = 3
 
