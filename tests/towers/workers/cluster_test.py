@@ -32,7 +32,7 @@ def _ports(n):
 
 
 def _start_workers(n, *args, devices=2, local_first=True):
-    """Starts `n` workers of `tests.towers.workers.program` with their TF_CONFIG; returns the processes."""
+    """Starts `n` workers (`tests.towers.workers.program`) with their TF_CONFIG; the processes."""
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
     for i in range(n):
