@@ -1,10 +1,11 @@
 """All-reduce algorithms by name."""
 
 from towers.ops._all_reduce.base import AllReduce
-from towers.ops._all_reduce.hierarchical import ACROSS, HierarchicalAllReduce
+from towers.ops._all_reduce.flat import FLAT
+from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
 from towers.ops._autograph import library_code
 
-_CLASSES = {**ACROSS, HierarchicalAllReduce.name: HierarchicalAllReduce}
+_CLASSES = {**FLAT, HierarchicalAllReduce.name: HierarchicalAllReduce}
 ALGORITHMS = tuple(sorted(_CLASSES))
 
 

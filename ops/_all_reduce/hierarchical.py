@@ -1,26 +1,9 @@
 """Hierarchical all-reduce: sum within groups of devices, all-reduce across their leaders."""
 
-from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce, spread, sum_on
-from towers.ops._all_reduce.collective import CollectiveAllReduce
-from towers.ops._all_reduce.nccl import NcclAllReduce
-from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
-from towers.ops._all_reduce.ring import RingAllReduce
+from towers.ops._all_reduce.flat import flat_algorithm
 from towers.ops._arguments import check_int
 from towers.ops._tensorflow import tf
-
-# The built-in algorithms a hierarchical all-reduce can run among its group leaders, by name:
-# every one but itself (`ops.ALGORITHMS` adds it).
-ACROSS = {
-    c.name: c
-    for c in (
-        AutoAllReduce,
-        CollectiveAllReduce,
-        NcclAllReduce,
-        ReduceBroadcastAllReduce,
-        RingAllReduce,
-    )
-}
 
 
 class HierarchicalAllReduce(AllReduce):
@@ -54,7 +37,7 @@ class HierarchicalAllReduce(AllReduce):
         self.devices_per_group = check_int(
             devices_per_group, "devices_per_group", minimum=1, none=True
         )
-        self.across = _leaders_algorithm(across)
+        self.across = flat_algorithm(across, "across")
         if self.across.group_size(2) != 2:
             raise ValueError(
                 f"`across` must reduce among this process's group leaders only; "
@@ -93,16 +76,3 @@ class HierarchicalAllReduce(AllReduce):
                 out[i] = copy
         return out
 
-
-def _leaders_algorithm(across: str | AllReduce) -> AllReduce:
-    """`across` as an instance: a new one for a name of `ACROSS`."""
-    if isinstance(across, AllReduce):
-        return across
-    if not isinstance(across, str):
-        raise TypeError(
-            f"`across` must be a name from {tuple(sorted(ACROSS))} or an ops.AllReduce; got "
-            f"{type(across).__name__}."
-        )
-    if across not in ACROSS:
-        raise ValueError(f"`across` must be one of {tuple(sorted(ACROSS))}; got {across!r}.")
-    return ACROSS[across]()
