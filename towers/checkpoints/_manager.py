@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from towers.checkpoints._args import (
     check_options,
@@ -106,14 +107,16 @@ class CheckpointManager:
         self._thread_lock = threading.Lock()
         self.writes = current_workers().is_chief  # other workers read what the chief writes
         if not self.writes:
-            self._lock, self._records = None, scan(self.directory, repair=False)[0]
+            self._lock, self._records = None, scan(self.directory, repair=False).usable
             self._checkpoints, self._best = kept(self._records, keep_last, monitor)
             return
         self._lock = DirectoryLock(self.directory, LOCK, holder="another CheckpointManager")
         try:
             remove_stale_temporaries(self.directory, NAME.pattern)
-            self._records, garbage = scan(self.directory, repair=True)
-            self._forget(garbage)
+            found = scan(self.directory, repair=True)
+            self._records = found.usable
+            self._forget(found.killed)  # saves killed before their commit: ours, to delete
+            _warn_damaged(self.directory, found.damaged)
             self._checkpoints, self._best = kept(self._records, keep_last, monitor)
             write_index(self.directory, self._checkpoints, self._best)
         except BaseException:
@@ -231,7 +234,7 @@ class CheckpointManager:
         """
         self._check_open()
         if not self.writes:  # what the chief has written by now
-            self._records = scan(self.directory, repair=False)[0]
+            self._records = scan(self.directory, repair=False).usable
             self._checkpoints, self._best = kept(self._records, self.keep_last, self.monitor)
         if not self._checkpoints:
             return 0
@@ -291,8 +294,24 @@ class CheckpointManager:
             raise RuntimeError(f"This CheckpointManager of {self.directory!r} is closed.")
 
     def _improves(self, value: float) -> bool:
+        if self._best is not None and self._best.value is None:  # its record was lost
+            return False
         best = self.best_value
         return best is None or (value < best if self.monitor == "min" else value > best)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+
+def _warn_damaged(directory: str, damaged: list) -> None:
+    """Says which saves are damaged (a file lost or replaced): left alone, not restored."""
+    for record in damaged:
+        lost = [f for f in record.files[:-1] if not os.path.isfile(os.path.join(directory, f))]
+        logging.warning(
+            "Checkpoint %s of step %d in %s is damaged (%s); it is neither restored nor "
+            "deleted: its other files stay as they are.",
+            record.name,
+            record.step,
+            directory,
+            f"missing: {', '.join(lost)}" if lost else "a file is not whole or is a link",
+        )

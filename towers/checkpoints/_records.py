@@ -9,12 +9,14 @@ as complete: that is the commit. Records, not file names, say what is the manage
 import dataclasses
 import json
 import os
+from typing import NamedTuple
 
 from towers.checkpoints._files import INDEX, NAME, base_name, managed
 from towers.files import atomic_write_text
-from towers.weights import whole
+from towers.weights import whole, written_suffixes
 
 _WRITER = "towers.CheckpointManager"
+_LARGEST_RECORD = 1 << 16  # bytes: a record is a few hundred; a larger file is not one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +72,28 @@ def write_record(directory: str, record: Record) -> None:
     atomic_write_text(os.path.join(directory, record.name), text)
 
 
-def scan(directory: str, *, repair: bool = False) -> tuple[list[Record], list[Record]]:
-    """The records in `directory`: (complete saves, the rest: killed or half-removed saves).
+class Scan(NamedTuple):
+    """What a directory holds, by record.
 
-    Complete saves include those the index lists whose record was lost (with `repair`, their
-    records are written again), and, read-only, checkpoints whose weights and state are whole
-    but no record or index names (a record lost with the index).
+    Attributes:
+      usable: Complete saves whose files are whole, oldest first.
+      killed: Saves whose record is still pending (killed while written): the manager's own,
+        to delete.
+      damaged: Complete saves with a file missing, not whole or not a plain file: left as
+        they are (never restored, never deleted), for a person to look at.
+    """
+
+    usable: list[Record]
+    killed: list[Record]
+    damaged: list[Record]
+
+
+def scan(directory: str, *, repair: bool = False) -> Scan:
+    """The records in `directory`, sorted into usable, killed and damaged saves.
+
+    Usable saves include those the index lists whose record was lost (with `repair`, their
+    records are written again), and, read-only, checkpoints and best weights that no record
+    or index names (lost with them) whose files are whole.
     """
     records: dict[tuple, Record] = {}
     names = managed(directory)
@@ -86,46 +104,85 @@ def scan(directory: str, *, repair: bool = False) -> tuple[list[Record], list[Re
                 records[key] = record
     for record in _from_index(directory):
         key = (record.kind, record.step, record.serial)
-        if key not in records and all(whole(os.path.join(directory, f)) for f in record.files[:-1]):
+        if key not in records and _all_whole(directory, record):
             if repair:
                 write_record(directory, record)
             records[key] = record
-    for record in _unrecorded_checkpoints(directory, names, records):
+    for record in _unrecorded(directory, names, records):
         records[(record.kind, record.step, record.serial)] = record
     ordered = sorted(records.values(), key=lambda r: (r.step, r.serial))
-    usable = [
-        r
-        for r in ordered
-        if r.complete and all(whole(os.path.join(directory, f)) for f in r.files[:-1])
-    ]
-    return usable, [r for r in ordered if r not in usable]
+    usable = [r for r in ordered if r.complete and _all_whole(directory, r)]
+    killed = [r for r in ordered if not r.complete]
+    return Scan(usable, killed, [r for r in ordered if r.complete and r not in usable])
 
 
-def _unrecorded_checkpoints(directory: str, names: dict, records: dict) -> list[Record]:
-    """Checkpoints (weights with state, both whole) that no record names, found read-only."""
+def _all_whole(directory: str, record: Record) -> bool:
+    """Whether every file of `record` (but the record) is whole and no link it did not make."""
+    paths = [os.path.join(directory, name) for name in record.files[:-1]]
+    return all(not os.path.islink(p) and whole(p) for p in paths)
+
+
+def _unrecorded(directory: str, names: dict, records: dict) -> list[Record]:
+    """Saves (checkpoints: weights and state; bests: weights) that no record names.
+
+    Found by name alone, used read-only and never deleted (`owned=False`); a best's value is
+    unknown, so no later save is known to beat it.
+    """
     files: dict[tuple, dict[str, str]] = {}
-    for name, (kind, step, serial) in names.items():
+    for name, key in names.items():
         role = NAME.fullmatch(name)["role"]
-        if kind == "ckpt" and role and (kind, step, serial) not in records:
-            files.setdefault((kind, step, serial), {})[role] = name
-    return [
-        Record(kind, step, serial, found["weights"], found["state"], owned=False)
-        for (kind, step, serial), found in files.items()
-        if {"weights", "state"} <= found.keys()
-        and all(whole(os.path.join(directory, f)) for f in found.values())
-    ]
+        if role and key not in records:
+            files.setdefault(key, {})[role] = name
+    found = []
+    for (kind, step, serial), roles in files.items():
+        needed = {"weights", "state"} if kind == "ckpt" else {"weights"}
+        if needed <= roles.keys():
+            record = Record(kind, step, serial, roles["weights"], roles.get("state", ""))
+            record = dataclasses.replace(record, owned=False)
+            if _names_its_own_files(record) and _all_whole(directory, record):
+                found.append(record)
+    return found
 
 
 def _read_record(path: str) -> Record | None:
-    """The record in file `path`, or None for a foreign or damaged file."""
+    """The record in file `path`, or None for a foreign, damaged or forged file."""
     try:
+        if os.path.islink(path) or os.path.getsize(path) > _LARGEST_RECORD:
+            return None
         with open(path) as f:
             fields = json.load(f)
         if fields.pop("written_by") != _WRITER:
             return None
-        return Record(**fields)
+        record = Record(**fields)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+    return record if _names_its_own_files(record) else None
+
+
+def _names_its_own_files(record: Record) -> bool:
+    """Whether a record read from disk names exactly the files a save of its own writes.
+
+    Files are untrusted input: a record (or index entry) naming "../x", an absolute path or
+    another save's file would make the manager read or delete what is not its own.
+    """
+    fields_ok = (
+        record.kind in ("ckpt", "best")
+        and type(record.step) is int
+        and type(record.serial) is int
+        and record.step >= 0
+        and record.serial >= 0
+        and record.monitor in (None, "min", "max")
+        and type(record.complete) is bool
+        and (record.value is None or type(record.value) in (int, float))
+    )
+    if not fields_ok:
+        return False
+    base = base_name(record.kind, record.step, record.serial)
+    for suffix in written_suffixes():
+        weights, state = f"{base}.weights{suffix}", f"{base}.state{suffix}"
+        if record.weights == weights:
+            return record.state == (state if record.kind == "ckpt" else "")
+    return False
 
 
 def _from_index(directory: str) -> list[Record]:
@@ -139,17 +196,17 @@ def _from_index(directory: str) -> list[Record]:
         for kind, entry in entries:
             match = NAME.fullmatch(entry["weights"])
             serial = int(match["serial"] or 0)
-            records.append(
-                Record(
-                    kind,
-                    int(entry["step"]),
-                    serial,
-                    entry["weights"],
-                    entry.get("state", ""),
-                    entry.get("value"),
-                    entry.get("monitor"),
-                )
+            record = Record(
+                kind,
+                entry["step"],
+                serial,
+                entry["weights"],
+                entry.get("state", ""),
+                entry.get("value"),
+                entry.get("monitor"),
             )
+            if _names_its_own_files(record):  # else left alone: not provably the manager's
+                records.append(record)
         return records
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return []
@@ -181,7 +238,8 @@ def kept(
     """The last `keep_last` checkpoints (the latest save of each step), and the best.
 
     The best is the best-valued best record by `monitor` among those of the same monitor (or
-    of none recorded, from towers 0.1); None without `monitor`.
+    of none recorded, from towers 0.1), unless a later best file lost its record: its value
+    is unknown, and it stays the best. None without `monitor`.
     """
     records = [r for r in records if r.complete]
     latest = {r.step: r for r in records if r.kind == "ckpt"}  # sorted: last serial wins
@@ -191,15 +249,11 @@ def kept(
         for r in records
         if r.kind == "best" and r.value is not None and r.monitor in (None, monitor)
     ]
-    if not monitor or not comparable:
+    unknown = [r for r in records if r.kind == "best" and not r.owned]  # its record was lost
+    if not monitor or not (comparable or unknown):
         return checkpoints, None
     sign = 1.0 if monitor == "min" else -1.0
-    return checkpoints, min(reversed(comparable), key=lambda r: sign * r.value)
-
-
-def latest_checkpoint_file(directory: str) -> str | None:
-    """The weights file of the highest step in `directory`, or None; for error messages."""
-    if not os.path.isdir(directory):
-        return None
-    checkpoints = [r for r in scan(directory)[0] if r.kind == "ckpt"]
-    return os.path.join(directory, checkpoints[-1].weights) if checkpoints else None
+    best = min(reversed(comparable), key=lambda r: sign * r.value) if comparable else None
+    if unknown and (best is None or unknown[-1].step > best.step):
+        return checkpoints, unknown[-1]  # never replaced by a value not known to beat it
+    return checkpoints, best

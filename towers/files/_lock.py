@@ -1,8 +1,10 @@
 """One writer per directory: an exclusive OS lock on a file, released when its holder ends."""
 
+import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 
 
@@ -22,6 +24,7 @@ class DirectoryLock:
     Raises:
       RuntimeError: if another holder (in this or another process) keeps the lock.
       PermissionError: if the directory cannot be written.
+      ValueError: if the lock file is a symbolic link or not a regular file.
     """
 
     def __init__(
@@ -29,13 +32,24 @@ class DirectoryLock:
     ):
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, name)
-        try:
-            self._file = open(self.path, "a+")  # noqa: SIM115  (held open: the lock lives with it)
+        try:  # never through a link: the lock file is written, a link's target is not ours
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except PermissionError:
             raise PermissionError(
                 f"Cannot write to {directory!r} (no permission to create {name!r}); towers "
                 "writes only to directories it may write."
             ) from None
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise ValueError(
+                f"{self.path!r} is a symbolic link; towers writes its lock file itself and "
+                "never through a link. Remove the link."
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"{self.path!r} is not a regular file; remove it.")
+        self._file = os.fdopen(fd, "r+")
         deadline = time.monotonic() + wait_seconds
         while not self._try_lock():
             if time.monotonic() >= deadline:

@@ -11,6 +11,31 @@ import os
 
 import numpy as np
 
+# What a weights file may declare in arrays: what its bytes can hold, times deflate's largest
+# expansion (1032:1), plus 1 MiB. A file declaring more is a bomb or a forgery: refused before
+# anything is allocated.
+MAX_EXPANSION = 1032
+_SLACK_BYTES = 1 << 20
+
+
+def check_declared(path: str, declared: int) -> None:
+    """Refuses a file whose arrays declare more bytes than it can hold.
+
+    Args:
+      path: The file read.
+      declared: The bytes its arrays declare, together.
+
+    Raises:
+      ValueError: naming the file, what it declares and its size.
+    """
+    size = os.path.getsize(path)
+    if declared > size * MAX_EXPANSION + _SLACK_BYTES:
+        raise ValueError(
+            f"{path!r} declares {declared} bytes of arrays in {size} bytes, more than any "
+            f"weights file can hold ({MAX_EXPANSION}x its size, the most compression expands); "
+            "it is refused unread."
+        )
+
 
 class WeightsFormat(abc.ABC):
     """One kind of weights file.

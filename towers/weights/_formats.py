@@ -157,7 +157,8 @@ def read_arrays(path: str) -> dict[str, np.ndarray]:
         tf.errors.OpError,
     ) as error:
         raise ValueError(
-            f"Cannot read weights from {path!r}: the file is truncated or corrupt ({error})."
+            f"Cannot read weights from {path!r}: the file is truncated or corrupt, or unsafe "
+            f"to read ({error})."
         ) from None
 
 

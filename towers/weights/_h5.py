@@ -5,7 +5,7 @@ import zlib
 import numpy as np
 
 from towers.files import atomic_write
-from towers.weights._format import WeightsFormat
+from towers.weights._format import WeightsFormat, check_declared
 
 _MAGIC = b"\x89HDF\r\n\x1a\n"
 _CRC = "towers_crc32"  # the attribute of a dataset holding its name's and data's CRC-32
@@ -55,19 +55,39 @@ class H5(WeightsFormat):
         atomic_write(path, write)
 
     def read(self, path: str) -> dict[str, np.ndarray]:
-        """See `WeightsFormat.read`: a dataset written here must match its checksum."""
+        """See `WeightsFormat.read`: a dataset written here must match its checksum.
+
+        The file is untrusted: external links, external raw storage and virtual datasets
+        (which would read other files) are refused, and so are datasets declaring more than
+        the file can hold, all before any data is read.
+        """
         h5py = _h5py()
-        found = {}
+        datasets = {}
+
+        external = []  # (raising inside h5py's link visitor is a SystemError)
+
+        def visit_link(name, link):
+            if isinstance(link, h5py.ExternalLink):
+                external.append(f"{name!r} -> {link.filename!r}")
 
         def visit(name, node):
             if isinstance(node, h5py.Dataset):
+                if node.is_virtual or node.external:
+                    raise ValueError(f"dataset {name!r} reads its data from other files")
+                datasets[name] = node
+
+        found = {}
+        with h5py.File(path, "r") as f:
+            f.visititems_links(visit_link)
+            if external:
+                raise ValueError(f"links to other files: {', '.join(external)}")
+            f.visititems(visit)
+            check_declared(path, sum(node.size * node.dtype.itemsize for node in datasets.values()))
+            for name, node in datasets.items():
                 array = np.asarray(node[()])
                 if _CRC in node.attrs and int(node.attrs[_CRC]) != _crc32(name, array):
                     raise ValueError(f"the checksum of {name!r} does not match its data")
                 found[name] = array
-
-        with h5py.File(path, "r") as f:
-            f.visititems(visit)
         return found
 
 

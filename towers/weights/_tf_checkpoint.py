@@ -88,6 +88,13 @@ def read_checkpoint(path: str) -> dict[str, np.ndarray]:
         prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
         if prefix is None:
             raise FileNotFoundError(f"{path!r} is a directory without a TensorFlow checkpoint.")
+        if os.path.isdir(path) and os.path.dirname(os.path.abspath(prefix)) != os.path.abspath(
+            path
+        ):
+            raise ValueError(  # its "checkpoint" file is untrusted: it may name any prefix
+                f"The checkpoint state file of {path!r} names {prefix!r}, outside the "
+                "directory; towers reads only checkpoints inside the directory it is given."
+            )
         try:
             reader = tf.train.load_checkpoint(prefix)
             return {

@@ -226,13 +226,16 @@ class KeepTest(tf.test.TestCase, parameterized.TestCase):
         files = set(os.listdir(directory))
         with towers.CheckpointManager(directory, model, monitor="min", keep_last=2) as manager:
             self.assertEqual(manager.steps, [2, 3])  # weights with state: whole checkpoints
-            self.assertIsNone(manager.best_weights)  # a best needs its record (its value)
+            # The best (step 2, value 1.0) lost its value with its record: it stays the best,
+            # since no later value is known to beat it.
+            best = os.path.join(directory, "best-00000002.weights.npz")
+            self.assertEqual((manager.best_weights, manager.best_value), (best, None))
             self.assertEqual(manager.restore_latest(), 3)
             self.assertAllEqual(model.w1, tf.fill(model.w1.shape, 3.0))
             manager.save(5, value=2.5)
-            manager.save(6, value=2.0)
+            manager.save(6, value=0.5)
             self.assertEqual(manager.steps, [5, 6])
-            self.assertEqual(manager.best_value, 2.0)
+            self.assertEqual(manager.best_weights, best)
         self.assertLessEqual(
             files, set(os.listdir(directory))
         )  # none deleted: not provably its own
@@ -483,10 +486,12 @@ class FaultTest(tf.test.TestCase, parameterized.TestCase):
         live = os.path.join(directory, f".ckpt-00000001.weights.npz.{os.getpid()}.abcdefgh.tmp")
         for path in (stale, live):
             open(path, "w").close()
+        lookalike_best = os.path.join(directory, "best-00000001.weights.npz")
         with towers.CheckpointManager(directory, {"w": tf.Variable(1.0)}, monitor="min") as m:
-            self.assertIsNone(m.best_weights)
+            self.assertEqual(m.best_weights, lookalike_best)  # used read-only: its value unknown
             for step in (1, 2, 3, 4):
                 m.save(step, value=float(step))
+            self.assertEqual(m.best_weights, lookalike_best)  # and never replaced
         self.assertTrue(os.path.exists(os.path.join(folder, "notes.txt")))
         self.assertTrue(os.path.exists(os.path.join(directory, "best-00000001.weights.npz")))
         self.assertFalse(os.path.exists(stale))  # a killed save's temporary: its process is gone
