@@ -75,4 +75,3 @@ class HierarchicalAllReduce(AllReduce):
             for i, copy in zip(group, spread(total, leader, members, values[0].dtype, wire_dtype)):
                 out[i] = copy
         return out
-

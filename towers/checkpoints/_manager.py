@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
-from absl import logging
 
 from towers.checkpoints._args import (
     check_options,
@@ -23,6 +22,8 @@ from towers.checkpoints._records import (
     kept,
     new_record,
     scan,
+    superseded,
+    warn_damaged,
     write_index,
     write_record,
 )
@@ -116,7 +117,7 @@ class CheckpointManager:
             found = scan(self.directory, repair=True)
             self._records = found.usable
             self._forget(found.killed)  # saves killed before their commit: ours, to delete
-            _warn_damaged(self.directory, found.damaged)
+            warn_damaged(self.directory, found.damaged)
             self._checkpoints, self._best = kept(self._records, keep_last, monitor)
             write_index(self.directory, self._checkpoints, self._best)
         except BaseException:
@@ -263,24 +264,8 @@ class CheckpointManager:
         return record
 
     def _remove_superseded(self) -> None:
-        """Deletes the files of the manager's own saves that are superseded, nothing else.
-
-        Superseded: a checkpoint not kept (older than the last `keep_last` steps, or re-saved),
-        a best beaten by a later one of the same monitor, a save killed before its commit.
-        Files no record names (a user's, or found without record) are never deleted.
-        """
-        kept_now = {*self._checkpoints, self._best}
-        comparable = [
-            r for r in self._records if r.kind == "best" and r.monitor in (None, self.monitor)
-        ]
-        superseded = [
-            r
-            for r in self._records
-            if r.owned
-            and r not in kept_now
-            and (r.kind == "ckpt" or not r.complete or (self.monitor and r in comparable))
-        ]
-        self._forget(superseded)
+        """Deletes the files of the manager's own saves that are superseded, nothing else."""
+        self._forget(superseded(self._records, [*self._checkpoints, self._best], self.monitor))
 
     def _forget(self, records: list[Record]) -> None:
         """Deletes the files of `records` (all the manager's own), each record last."""
@@ -301,17 +286,3 @@ class CheckpointManager:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
-
-
-def _warn_damaged(directory: str, damaged: list) -> None:
-    """Says which saves are damaged (a file lost or replaced): left alone, not restored."""
-    for record in damaged:
-        lost = [f for f in record.files[:-1] if not os.path.isfile(os.path.join(directory, f))]
-        logging.warning(
-            "Checkpoint %s of step %d in %s is damaged (%s); it is neither restored nor "
-            "deleted: its other files stay as they are.",
-            record.name,
-            record.step,
-            directory,
-            f"missing: {', '.join(lost)}" if lost else "a file is not whole or is a link",
-        )

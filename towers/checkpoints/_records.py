@@ -11,6 +11,8 @@ import json
 import os
 from typing import NamedTuple
 
+from absl import logging
+
 from towers.checkpoints._files import INDEX, NAME, base_name, managed
 from towers.files import atomic_write_text
 from towers.weights import whole, written_suffixes
@@ -257,3 +259,34 @@ def kept(
     if unknown and (best is None or unknown[-1].step > best.step):
         return checkpoints, unknown[-1]  # never replaced by a value not known to beat it
     return checkpoints, best
+
+
+def superseded(records: list[Record], kept_now: list, monitor: str | None) -> list[Record]:
+    """The manager's own saves among `records` whose files may go.
+
+    Superseded: a checkpoint not kept (older than the last `keep_last` steps, or re-saved),
+    a best beaten by a later one of the same monitor, a save killed before its commit.
+    Files no record names (a user's, or found without record) are never deleted.
+    """
+    comparable = [r for r in records if r.kind == "best" and r.monitor in (None, monitor)]
+    return [
+        r
+        for r in records
+        if r.owned
+        and r not in kept_now
+        and (r.kind == "ckpt" or not r.complete or (monitor and r in comparable))
+    ]
+
+
+def warn_damaged(directory: str, damaged: list[Record]) -> None:
+    """Says which saves are damaged (a file lost or replaced): left alone, not restored."""
+    for record in damaged:
+        lost = [f for f in record.files[:-1] if not os.path.isfile(os.path.join(directory, f))]
+        logging.warning(
+            "Checkpoint %s of step %d in %s is damaged (%s); it is neither restored nor "
+            "deleted: its other files stay as they are.",
+            record.name,
+            record.step,
+            directory,
+            f"missing: {', '.join(lost)}" if lost else "a file is not whole or is a link",
+        )
