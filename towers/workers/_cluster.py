@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_number, library_code
+from towers.workers._rendezvous import check_exposure, meet
 
 LEADER = "/job:{job}/replica:0/task:0"
 
@@ -86,7 +87,10 @@ def init_workers(
 
     Raises:
       ValueError: for a `TF_CONFIG` that is not JSON, has no "worker" job, or whose task is
-        not one of its workers; or an argument out of range.
+        not one of its workers; an argument out of range; or `TF_GRPC_REUSE_PORT` set.
+      OSError: if this worker's port is in use (EADDRINUSE, naming the port).
+      TimeoutError: if a worker does not come up within `startup_timeout_seconds` (late,
+        frozen before its server started, or dead), naming it.
       RuntimeError: if TensorFlow already initialized its runtime, or another cluster was
         joined before.
     """
@@ -103,7 +107,9 @@ def init_workers(
         if _joined[0] == info:
             return info
         raise RuntimeError(f"This process already joined a cluster as {_joined[0]}.")
-    _start(cluster, info, heartbeat_seconds)
+    check_exposure()
+    meet(cluster[job], index, startup_timeout_seconds)  # before TensorFlow, which waits for ever
+    _start(cluster, info, heartbeat_seconds, startup_timeout_seconds)
     _joined.append(info)
     barrier("towers_init_workers", startup_timeout_seconds)
     return info
@@ -174,7 +180,9 @@ def _context() -> Any:
     return context.context()
 
 
-def _start(cluster: dict, info: WorkerInfo, heartbeat_seconds: float) -> None:
+def _start(
+    cluster: dict, info: WorkerInfo, heartbeat_seconds: float, startup_seconds: float
+) -> None:
     """Configures collectives and coordination, then starts this worker's server."""
     from tensorflow.core.protobuf import tensorflow_server_pb2  # noqa: PLC0415
 
@@ -195,6 +203,7 @@ def _start(cluster: dict, info: WorkerInfo, heartbeat_seconds: float) -> None:
         service_type="standalone",
         service_leader=leader,
         heartbeat_timeout_in_ms=int(heartbeat_seconds * 1000),
+        cluster_register_timeout_in_ms=int(startup_seconds * 1000),
     )
     spec = tf.train.ClusterSpec(cluster)
     port = int(spec.task_address(info.job, info.index).rsplit(":", 1)[1])

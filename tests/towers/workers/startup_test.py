@@ -1,0 +1,137 @@
+"""Workers meeting at start-up: a late, frozen or missing peer and a taken port are errors in
+time, naming the worker or the port; nothing waits for ever (subprocesses on loopback)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from unittest import mock
+
+from absl import logging
+from absl.testing import absltest, parameterized
+
+from tests import test_util
+from towers.workers import _rendezvous
+
+# One worker: it joins with a short start-up timeout and prints what came of it.
+JOIN = """
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import towers
+try:
+    towers.init_workers(startup_timeout_seconds=float(sys.argv[1]))
+except Exception as error:
+    print(json.dumps({"error": type(error).__name__, "message": str(error)}), flush=True)
+    sys.exit(3)
+print(json.dumps({"error": None}), flush=True)
+"""
+
+
+def _cluster(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
+    for s in sockets:
+        s.close()
+    return addresses
+
+
+def _join(cluster, index, timeout_seconds):
+    config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+    env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": test_util.ROOT}
+    return subprocess.Popen(
+        [sys.executable, "-c", JOIN, str(timeout_seconds)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _outcome(process, limit=90):
+    """(The JSON line the worker printed, its stderr); kills it after `limit` seconds."""
+    try:
+        out, err = process.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"a worker still waited after {limit} s: {err[-2000:]}") from None
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        raise AssertionError(f"exit {process.returncode}, no report: {err[-2000:]}")
+    return json.loads(lines[-1]), err
+
+
+class StartupTest(parameterized.TestCase):
+    @parameterized.parameters((0, "missing"), (1, "missing"), (0, "frozen"))
+    def test_a_peer_that_never_comes_is_a_timeout_naming_it(self, index, peer):
+        """Worker `index` of 2 starts; the other never does, or is frozen (SIGSTOP) before
+        its server started. Before: TensorFlow waited for ever, deaf to SIGTERM."""
+        cluster = _cluster(2)
+        other = None
+        if peer == "frozen":
+            other = _join(cluster, 1 - index, 60)
+            os.kill(other.pid, signal.SIGSTOP)  # before Python has even imported towers
+        try:
+            start = time.monotonic()
+            report, err = _outcome(_join(cluster, index, 4))
+            elapsed = time.monotonic() - start
+        finally:
+            if other is not None:
+                other.kill()
+                other.communicate()
+        self.assertEqual(report["error"], "TimeoutError", err[-2000:])
+        self.assertIn(f"worker(s) {1 - index} at {cluster[1 - index]}", report["message"])
+        self.assertIn("startup_timeout_seconds", report["message"])
+        self.assertLess(elapsed, 60)  # the 4 s timeout plus start-up on a loaded machine
+
+    def test_a_late_peer_within_the_timeout_joins(self):
+        cluster = _cluster(2)
+        first = _join(cluster, 0, 120)
+        time.sleep(3)  # worker 0 waits for worker 1 meanwhile
+        second = _join(cluster, 1, 120)
+        for process in (first, second):
+            report, err = _outcome(process, limit=150)
+            self.assertIsNone(report["error"], f"{report} {err[-2000:]}")
+
+    def test_a_port_in_use_is_named(self):
+        cluster = _cluster(2)
+        with socket.socket() as squatter:
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("", int(cluster[0].rsplit(":", 1)[1])))
+            squatter.listen(1)
+            report, err = _outcome(_join(cluster, 0, 30))
+        self.assertEqual(report["error"], "OSError", err[-2000:])
+        self.assertIn(f"Port {cluster[0].rsplit(':', 1)[1]} of worker 0", report["message"])
+        self.assertIn("in use", report["message"])
+
+
+class ExposureTest(absltest.TestCase):
+    def test_a_shared_port_is_refused(self):
+        with mock.patch.dict(os.environ, {"TF_GRPC_REUSE_PORT": "1"}):
+            with self.assertRaisesRegex(ValueError, "TF_GRPC_REUSE_PORT"):
+                _rendezvous.check_exposure()
+
+    def test_an_exposed_server_is_said_and_a_private_network_is_not(self):
+        interfaces = [(1, "lo"), (2, "eth0")]
+        with mock.patch.object(socket, "if_nameindex", return_value=interfaces):
+            with mock.patch.dict(os.environ, {_rendezvous.PRIVATE_NETWORK: "elsewhere"}):
+                with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+                    _rendezvous.check_exposure()
+            self.assertIn("eth0 included", logs.output[0])
+            own = os.readlink("/proc/self/ns/net")
+            with mock.patch.dict(os.environ, {_rendezvous.PRIVATE_NETWORK: own}):
+                with self.assertNoLogs(logging.get_absl_logger(), "WARNING"):
+                    _rendezvous.check_exposure()
+        with mock.patch.object(socket, "if_nameindex", return_value=[(1, "lo")]):
+            with mock.patch.dict(os.environ, {_rendezvous.PRIVATE_NETWORK: ""}):
+                with self.assertNoLogs(logging.get_absl_logger(), "WARNING"):
+                    _rendezvous.check_exposure()
+
+
+if __name__ == "__main__":
+    absltest.main()
