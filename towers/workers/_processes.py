@@ -1,25 +1,34 @@
 """The worker processes of `towers.workers.launch`: started, forwarded, waited for, stopped.
 
-Each worker is a process group of its own, so that stopping it stops its children too.
+Each worker is a process group of its own, so that stopping it stops its children too, and
+starts through `_guard.py`, so that it dies with the launcher, even a SIGKILLed one.
 """
 
 import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, TextIO
 
 TIMEOUT_EXIT_CODE = 124  # as `timeout(1)`
 
-_GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL
+GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL
 _POLL_SECONDS = 0.05
 JOIN_SECONDS = 2.0  # for the output threads, once the workers' process groups are gone
 POPEN_ARGS = dict(
     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
 )
+GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: its terminal closed
+
+
+def guarded(command: Sequence[str], *options: str) -> list[str]:
+    """`command` started through `_guard.py`: it dies when this process does."""
+    return [sys.executable, GUARD, *options, str(os.getpid()), "--", *command]
 
 
 def write_line(lock: threading.Lock, stream: TextIO, text: str) -> None:
@@ -28,14 +37,14 @@ def write_line(lock: threading.Lock, stream: TextIO, text: str) -> None:
         stream.flush()
 
 
-def forward(pipe: IO[bytes], write: Callable[[str], None], index: int) -> threading.Thread:
+def forward(pipe: IO[bytes], write: Callable[[str], None], prefix: str) -> threading.Thread:
     """Starts a thread writing `pipe`'s lines, prefixed; a daemon, as a grandchild may hold it."""
 
     def forward() -> None:
         with pipe:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
-                write(f"[worker {index}] {line}" + ("" if line.endswith("\n") else "\n"))
+                write(prefix + line + ("" if line.endswith("\n") else "\n"))
 
     thread = threading.Thread(target=forward, daemon=True)
     thread.start()
@@ -69,11 +78,15 @@ def _signal_name(signum: int) -> str:
     return next((s.name for s in signal.Signals if s == signum), "unknown")
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to every worker's process group, SIGKILL to what is left after the grace period."""
+def stop(
+    procs: list[subprocess.Popen],
+    grace_seconds: float = GRACE_SECONDS,
+    signum: int = signal.SIGTERM,
+) -> None:
+    """`signum` to every worker's process group, SIGKILL to what is left after the grace period."""
     for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + _GRACE_SECONDS
+        _signal_group(proc, signum)
+    deadline = time.monotonic() + grace_seconds
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -88,7 +101,52 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
 
 
 def handle_stop_signals(handler: Callable[[int, object], None]) -> dict[int, object]:
-    """Handles SIGINT and SIGTERM (possible in the main thread only); the previous handlers."""
+    """Handles SIGINT, SIGTERM, SIGHUP (in the main thread only); the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    return {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+
+
+def run(commands, envs, prefixes, timeout_seconds, out, err, grace=GRACE_SECONDS, relay=False):
+    """Runs the processes until they end, one fails, time runs out or a signal arrives.
+
+    With `relay` (one process: the launcher in a private network), a signal to this launcher
+    goes on to it as it came, for it to stop its workers and say why.
+
+    Returns:
+      The exit code, the message saying why, and the name of the signal that killed the
+      first process if one did ("" otherwise).
+    """
+    received: list[int] = []  # signals to the launcher
+    previous = handle_stop_signals(lambda signum, frame: received.append(signum))
+    procs, threads = [], []
+    try:
+        for command, env, prefix in zip(commands, envs, prefixes):
+            # A new session is a new process group: killing it kills the worker's children too.
+            procs.append(subprocess.Popen(command, env=env, **POPEN_ARGS))
+            threads += [forward(procs[-1].stdout, out, prefix)]
+            threads += [forward(procs[-1].stderr, err, prefix)]
+        code, message = wait(procs, timeout_seconds, received)
+    finally:
+        stop(procs, grace, received[0] if relay and received else signal.SIGTERM)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        deadline = time.monotonic() + JOIN_SECONDS
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    first = procs[0].returncode if procs else 0
+    return code, message, (signal.Signals(-first).name if first and first < 0 else "")
+
+
+def private_network_unavailable() -> str:
+    """Why no private network can be made here ("" when one can): a probe by `_guard.py`."""
+    probe = [sys.executable, GUARD, "--private", "--probe"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"towers.launch: no private network here: {error}"
+    if done.returncode == 0:
+        return ""
+    return (
+        done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+    )

@@ -18,7 +18,8 @@ import time
 
 from absl import logging
 
-PRIVATE_NETWORK = "TOWERS_NETNS"  # set by the launcher: the network namespace it made
+from towers.workers._guard import PRIVATE_NETWORK  # set by the launcher: the namespace it made
+
 _POLL_SECONDS = 0.1
 
 

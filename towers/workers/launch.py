@@ -1,24 +1,29 @@
 """`python -m towers.launch`: N local worker processes with `TF_CONFIG` set, output forwarded.
 
-    python -m towers.launch --workers=N [--timeout_seconds=S] [--ports=auto] script.py [args...]
+    python -m towers.launch --workers=N [--timeout_seconds=S] [--ports=auto]
+        [--network=auto|private|host] script.py [args...]
 
 Worker i runs `python script.py args...` in its own process group, with `TOWERS_LAUNCH=1` and
 `TF_CONFIG` (TensorFlow's convention: every worker's loopback address, and index i) set. Its stdout
 and stderr lines reach the launcher's, prefixed with `[worker i] `. When a worker fails, the others
 get SIGTERM, then SIGKILL after 5 s, and the launcher exits with the failing code (128 + the signal
 for a signal). Launcher flags come before the script; everything after it goes to the script.
+Workers die with the launcher, even a SIGKILLed one (Linux).
+
+The workers' servers (TensorFlow's) listen on every interface, unauthenticated. So by default
+(`--network=auto`) they run in a private network of their own, where only they reach each other
+over loopback: no other host or user can reach them, and they reach nothing outside (no DNS, no
+downloads). `auto` falls back to the host's network with a warning where the kernel allows no
+unprivileged user namespace; `private` refuses then; `host` keeps the host's network.
 """
 
 import contextlib
 import functools
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
@@ -30,6 +35,8 @@ else:  # run as a file (`python launch.py`): no package, so no TensorFlow; its f
     import _processes
 
 TIMEOUT_EXIT_CODE = _processes.TIMEOUT_EXIT_CODE
+NETWORKS = ("auto", "private", "host")
+_UNAVAILABLE = 75  # as `_guard.UNAVAILABLE`: no private network here
 
 
 def free_ports(n: int) -> list[int]:
@@ -86,6 +93,7 @@ def launch(
     ports: Sequence[int] | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    network: str = "auto",
 ) -> int:
     """Runs `python *script_args` as `workers` local processes until they end; the exit code.
 
@@ -98,6 +106,8 @@ def launch(
       ports: One port per worker for `TF_CONFIG`; None picks free ones.
       stdout: Where the workers' stdout lines go (default: `sys.stdout`).
       stderr: Where their stderr lines and the launcher's messages go (default: `sys.stderr`).
+      network: "auto" (a private network where the kernel allows it, else the host's, with a
+        warning), "private" (or an `OSError`) or "host"; see the module's docstring.
 
     Returns:
       0 if every worker exits 0; else the first failing worker's code (128 + the signal if a
@@ -106,38 +116,52 @@ def launch(
 
     Raises:
       TypeError, ValueError: If `workers` is not an int >= 1, the script does not exist,
-        `timeout_seconds` <= 0, or `ports` does not hold `workers` distinct valid ports.
+        `timeout_seconds` <= 0, `ports` does not hold `workers` distinct valid ports, or
+        `network` is not one of `NETWORKS`.
+      OSError: With `network="private"` where the kernel allows no private network.
     """
     command = _command(script_args)
     _check_int("workers", workers, minimum=1)
     if timeout_seconds is not None and not timeout_seconds > 0:
         raise ValueError(f"`timeout_seconds` must be > 0 or None; got {timeout_seconds!r}.")
-    ports = free_ports(workers) if ports is None else ports
-    if len(ports) != workers:
+    if network not in NETWORKS:
+        raise ValueError(f"`network` must be one of {NETWORKS}; got {network!r}.")
+    if ports is not None and len(ports) != workers:
         raise ValueError(f"`ports` must hold one port per worker ({workers}); got {ports!r}.")
-    configs = [tf_config(ports, i) for i in range(workers)]  # checks the ports
     lock = threading.Lock()  # one line at a time, across both streams
     out = functools.partial(_processes.write_line, lock, sys.stdout if stdout is None else stdout)
     err = functools.partial(_processes.write_line, lock, sys.stderr if stderr is None else stderr)
     base_env = {"PYTHONUNBUFFERED": "1", **(os.environ if env is None else env)}
-    received: list[int] = []  # signals to the launcher
-    previous = _processes.handle_stop_signals(lambda signum, frame: received.append(signum))
-    procs, threads = [], []
-    try:
-        for i in range(workers):
-            worker_env = {**base_env, "TF_CONFIG": configs[i], "TOWERS_LAUNCH": "1"}
-            # A new session is a new process group: killing it kills the worker's children too.
-            procs.append(subprocess.Popen(command, env=worker_env, **_processes.POPEN_ARGS))
-            threads += [_processes.forward(procs[-1].stdout, out, i)]
-            threads += [_processes.forward(procs[-1].stderr, err, i)]
-        code, message = _processes.wait(procs, timeout_seconds, received)
-    finally:
-        _processes.stop(procs)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        deadline = time.monotonic() + _processes.JOIN_SECONDS
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    if network != "host":
+        tf_config(ports or list(range(1, workers + 1)), 0)  # checks the ports before starting
+        unavailable = _processes.private_network_unavailable()
+        if not unavailable:  # the workers start there, by this launcher's copy inside
+            inner = [sys.executable, os.path.abspath(__file__), f"--workers={workers}"]
+            if timeout_seconds is not None:
+                inner.append(f"--timeout_seconds={timeout_seconds!r}")
+            if ports is not None:
+                inner.append(f"--ports={','.join(map(str, ports))}")
+            inner = _processes.guarded([*inner, "--network=host", "--", *script_args], "--private")
+            code, _, killed = _processes.run(
+                [inner], [base_env], [""], None, out, err, grace=8.0, relay=True
+            )
+            if killed:
+                err(f"[launch] the launcher in the private network was killed by {killed}.\n")
+            return code
+        if network == "private":
+            raise OSError(_UNAVAILABLE, f"--network=private: {unavailable}")
+        err(
+            f"[launch] {unavailable}; the workers use the host's network, where their servers "
+            "listen on every interface, unauthenticated (README: Several workers). Pass "
+            "--network=host to say that is intended.\n"
+        )
+    ports = free_ports(workers) if ports is None else ports
+    configs = [tf_config(ports, i) for i in range(workers)]  # checks the ports
+    envs = [{**base_env, "TF_CONFIG": c, "TOWERS_LAUNCH": "1"} for c in configs]
+    prefixes = [f"[worker {i}] " for i in range(workers)]
+    code, message, _ = _processes.run(
+        [_processes.guarded(command)] * workers, envs, prefixes, timeout_seconds, out, err
+    )
     if message:
         err(f"[launch] {message}\n")
     return code
@@ -175,24 +199,32 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
     Args:
       argv: The launcher's command line, program name first. A `--` also ends its flags, and
-        `--workers`, `--timeout_seconds` and `--ports` may take the next argument as value.
+        `--workers`, `--timeout_seconds`, `--ports` and `--network` may take the next argument
+        as value.
 
     Returns:
       The launcher's part (program name and flags), and the script path with its arguments.
     """
     i = 1
     while i < len(argv) and argv[i] != "--" and argv[i].startswith("-"):
-        i += 2 if argv[i] in ("--workers", "--timeout_seconds", "--ports") else 1
+        i += 2 if argv[i] in ("--workers", "--timeout_seconds", "--ports", "--network") else 1
     i = min(i, len(argv))
     return list(argv[:i]), list(argv[i + (argv[i : i + 1] == ["--"]) :])
 
 
-def _define_flags() -> tuple[flags.FlagHolder, flags.FlagHolder, flags.FlagHolder]:
+def _define_flags() -> tuple[flags.FlagHolder, ...]:
     """Defines the launcher's flags; called only when the module runs as a program."""
     return (
         flags.DEFINE_integer("workers", None, "Worker processes to start.", lower_bound=1),
         flags.DEFINE_float("timeout_seconds", None, "Stop the workers after this long (seconds)."),
         flags.DEFINE_string("ports", "auto", "'auto' for free ports, or one port per worker: 1,2"),
+        flags.DEFINE_enum(
+            "network",
+            "auto",
+            NETWORKS,
+            "The workers' network: private (loopback only, no "
+            "outside), host, or auto: private where the kernel allows it.",
+        ),
     )
 
 
@@ -201,12 +233,12 @@ def main(argv: list[str], launch_flags: Sequence[flags.FlagHolder]) -> int:
 
     Args:
       argv: The program name, the script and its arguments (absl passes the rest as flags).
-      launch_flags: The holders of --workers, --timeout_seconds and --ports.
+      launch_flags: The holders of --workers, --timeout_seconds, --ports and --network.
 
     Returns:
       The exit code, as `launch`'s.
     """
-    workers, timeout_seconds, ports_flag = launch_flags
+    workers, timeout_seconds, ports_flag, network = launch_flags
     if workers.value is None:
         raise app.UsageError("--workers=N is required.")
     if len(argv) < 2:
@@ -218,9 +250,14 @@ def main(argv: list[str], launch_flags: Sequence[flags.FlagHolder]) -> int:
         except ValueError as e:
             raise app.UsageError(f"--ports must be 'auto' or ints like 1,2; got {text!r}.") from e
     try:
-        return launch(argv[1:], workers.value, timeout_seconds.value, ports=ports)
+        return launch(
+            argv[1:], workers.value, timeout_seconds.value, ports=ports, network=network.value
+        )
     except (TypeError, ValueError) as e:  # raised before any worker starts
         raise app.UsageError(str(e)) from e
+    except OSError as e:  # --network=private where none can be made
+        print(f"[launch] {e.strerror}", file=sys.stderr)
+        return _UNAVAILABLE
 
 
 def run(argv: Sequence[str]) -> None:
