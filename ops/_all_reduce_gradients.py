@@ -13,6 +13,7 @@ from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import (
     Weight,
     accumulation_dtype,
+    checked_weights,
     equal_weights,
     normalized_weights,
     scale,
@@ -68,15 +69,18 @@ def all_reduce_gradients(
       bucket_bytes: The largest bucket; None to all-reduce each gradient on its own.
       wire_dtype: None, tf.float16 or tf.bfloat16.
       sparse: "gather" or "dense".
-      variables: The N variables of tower 0, optional, to name them in errors.
+      variables: The N variables of tower 0, optional, to name them in errors and check
+        each gradient's shape and dtype against its variable's.
 
     Returns:
       K lists of N gradients.
 
     Raises:
       ValueError: if the towers disagree on N or K disagrees with `devices`, a gradient is
-        None in some towers only, or an argument is unknown.
-      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+        None in some towers only, towers (or `variables`) disagree on a gradient's shape or
+        dtype, or an argument is unknown.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None, or is not
+        floating-point.
     """
     tower_grads = check_tower_grads(tower_grads, variables)
     devices = list(devices)
@@ -95,7 +99,7 @@ def all_reduce_gradients(
         dense_columns = []
         for j, column in enumerate(zip(*tower_grads)):
             name = variables[j].name if variables is not None else f"#{j}"
-            if not check_column(column, name):
+            if not check_column(column, name, variables[j] if variables is not None else None):
                 continue
             if gather and all(isinstance(g, tf.IndexedSlices) for g in column):
                 for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
@@ -112,9 +116,10 @@ def all_reduce_gradients(
                 wire_dtype,
                 carry,
             )
-            for i in range(len(devices)):
-                for (j, _), value in zip(dense_columns, reduced[i]):
-                    out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
+            for i, device in enumerate(devices):
+                with tf.device(device):  # half precision: the cast back, on the tower
+                    for (j, _), value in zip(dense_columns, reduced[i]):
+                        out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
         return out
 
 
@@ -132,6 +137,7 @@ def _weights_of(
     first. Without weights, the mean is over the whole group.
     """
     group = algorithm.group_size(len(devices))
+    weights = None if weights is None else checked_weights(weights)
     if weights is not None and any(isinstance(w, (int, float)) and w < 0 for w in weights):
         raise ValueError(f"`weights` must be non-negative; got {list(weights)}.")
     if group == len(devices) or weights is None:

@@ -44,8 +44,10 @@ def average_gradients(
       A list of N averaged gradients.
 
     Raises:
-      ValueError: if the towers disagree on N, or a gradient is None in some towers only.
-      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+      ValueError: if the towers disagree on N, a gradient is None in some towers only, or
+        towers (or a variable given) disagree on a gradient's shape or dtype.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None, or is not
+        floating-point.
 
     Example:
       >>> grads = ops.average_gradients(tower_grads, weights=ops.shard_sizes(batch, k))
@@ -62,12 +64,16 @@ def average_gradients(
     averaged = []
     for j, column in enumerate(zip(*tower_grads)):
         name = variables[j].name if variables is not None else f"#{j}"
-        if _packable(column, norm, variables, bucket_bytes) and check_column(column, name):
+        variable = variables[j] if variables is not None else None
+        if not check_column(column, name, variable):
+            averaged.append(None)
+            continue
+        if _packable(column, norm, variables, bucket_bytes):
             packed.setdefault(variables[j].device, []).append(j)
             averaged.append(None)
             continue
         with device_scope(variables[j].device if variables is not None else None):
-            averaged.append(_average_one(list(column), norm, name))
+            averaged.append(_average_one(list(column), norm))
     for device, columns in packed.items():
         per_tower = [[grads[j] for j in columns] for grads in tower_grads]
         for j, mean in zip(columns, packed_mean(per_tower, norm, device, bucket_bytes)):
@@ -86,10 +92,8 @@ def _packable(column, weights, variables, bucket_bytes) -> bool:
     )
 
 
-def _average_one(grads: list[Gradient], weights: list | None, name: str) -> Gradient:
-    """Averages one variable's gradients over the towers."""
-    if not check_column(grads, name):
-        return None
+def _average_one(grads: list[Gradient], weights: list | None) -> Gradient:
+    """Averages one variable's (checked, existing) gradients over the towers."""
     if weights is None:
         return grads[0]
     if all(isinstance(g, tf.IndexedSlices) for g in grads):

@@ -95,12 +95,18 @@ def check_tower_grads(
     return tower_grads
 
 
-def check_column(grads: Sequence[Gradient], name: str) -> bool:
+def check_column(grads: Sequence[Gradient], name: str, variable: tf.Variable | None = None) -> bool:
     """Whether one variable's K gradients exist: False if all are None, else checks them.
 
+    Every tower's gradient must have the variable's dtype and shape (the rows of
+    `tf.IndexedSlices` its trailing shape): towers that disagree would be cast or reshaped
+    into one another silently.
+
     Raises:
-      ValueError: if some towers have None and others not.
-      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None.
+      ValueError: if some towers have None and others not, or towers (or the variable)
+        disagree on shape or dtype.
+      TypeError: if a gradient is neither a tensor, `tf.IndexedSlices` nor None, or is not
+        floating-point (a mean of integers is not exact).
     """
     missing = [i for i, g in enumerate(grads) if g is None]
     if len(missing) == len(grads):
@@ -116,4 +122,30 @@ def check_column(grads: Sequence[Gradient], name: str) -> bool:
                 f"Gradients must be tf.Tensor, tf.IndexedSlices or None; variable {name} has "
                 f"{type(g).__name__} in tower {i}."
             )
+    dtypes = [(g.values if isinstance(g, tf.IndexedSlices) else g).dtype for g in grads]
+    if not (dtypes[0].is_floating or dtypes[0].is_complex):
+        raise TypeError(
+            f"The gradient of variable {name} is {dtypes[0].name}: gradients are averaged, and "
+            "a mean of integers is not exact. Cast it to a float (or keep it out of the step)."
+        )
+    shapes = [_dense_shape(g) for g in grads]
+    expected = (
+        (dtypes[0], shapes[0], "tower 0")
+        if variable is None
+        else (variable.dtype.base_dtype, variable.shape, "the variable")
+    )
+    for i, (dtype, shape) in enumerate(zip(dtypes, shapes)):
+        if dtype != expected[0] or not shape.is_compatible_with(expected[1]):
+            raise ValueError(
+                f"The gradients of variable {name} must agree in dtype and shape; "
+                f"{expected[2]} has {expected[0].name}{expected[1]} and tower {i} "
+                f"{dtype.name}{shape}."
+            )
     return True
+
+
+def _dense_shape(grad: tf.Tensor | tf.IndexedSlices) -> tf.TensorShape:
+    """The shape of the dense gradient: slices' rows, with an unknown first dimension."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.TensorShape([None]).concatenate(grad.values.shape[1:])
+    return grad.shape

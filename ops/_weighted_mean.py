@@ -4,7 +4,10 @@ Gradient averaging, gradient all-reduce and output merging all weight tower i by
 `size_i / batch`; this module holds that arithmetic once.
 """
 
+import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from towers.ops._tensorflow import tf
 
@@ -17,8 +20,9 @@ def normalized_weights(
     """Returns `num` weights that sum to one (or, with `total`, their share of `total`).
 
     Args:
-      weights: None for equal weights, or `num` non-negative numbers or scalar tensors (shard
-        sizes can be passed as they are); they are divided by their sum.
+      weights: None for equal weights, or `num` non-negative finite numbers (numpy's
+        included) or scalar tensors (shard sizes can be passed as they are); they are
+        divided by their sum.
       num: How many values are being weighted (towers).
       what: The calling function's name, for error messages.
       total: What to divide by instead of the weights' own sum: the sum of every weight of
@@ -29,11 +33,12 @@ def normalized_weights(
       scalars (cast to each value's dtype where they are used).
 
     Raises:
-      ValueError: if the count is wrong, a weight is negative, or all are zero.
+      ValueError: if the count is wrong, a number is negative or not finite, or all are zero.
+      TypeError: if a weight is neither a number nor a tensor.
     """
     if weights is None:
         return [1.0 / num] * num
-    weights = list(weights)
+    weights = checked_weights(weights)
     if len(weights) != num:
         raise ValueError(
             f"`weights` must have one entry per tower for {what}; got {len(weights)} weights "
@@ -47,6 +52,29 @@ def normalized_weights(
     weights = [weight_in(w, tf.float64) for w in weights]  # cast to each value's dtype later
     total = tf.add_n(weights) if total is None else weight_in(total, tf.float64)
     return [w / total for w in weights]
+
+
+def checked_weights(weights: Sequence[object]) -> list[Weight]:
+    """The weights, each a Python number (from a Python or numpy one, finite) or a tensor.
+
+    Raises:
+      ValueError: for a number that is not finite.
+      TypeError: for a weight that is neither a number nor a tensor.
+    """
+    return [_number_or_tensor(w) for w in weights]
+
+
+def _number_or_tensor(weight: object) -> Weight:
+    """A Python number for a Python or numpy number (checked finite), else the tensor."""
+    if isinstance(weight, np.ndarray) and weight.ndim == 0:
+        weight = weight[()]
+    if isinstance(weight, (np.integer, np.floating, np.bool_)):
+        weight = weight.item()
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, tf.Tensor, tf.Variable)):
+        raise TypeError(f"A weight must be a number or a scalar tensor; got {weight!r}.")
+    if isinstance(weight, float) and not math.isfinite(weight):
+        raise ValueError(f"`weights` must be finite; got {weight}.")
+    return weight
 
 
 def weight_in(weight: Weight, dtype: tf.DType) -> tf.Tensor:

@@ -4,6 +4,7 @@ import abc
 from collections.abc import Sequence
 
 from towers.ops._autograph import library_code
+from towers.ops._device_scope import host_scope
 from towers.ops._tensorflow import tf
 
 REDUCTIONS = ("sum", "mean")
@@ -60,11 +61,17 @@ class AllReduce(abc.ABC):
           K tensors, result i built on `devices[i]`.
 
         Raises:
-          ValueError: if values and devices differ in number, values differ in shape or
-            dtype, or `reduction` or `wire_dtype` is unknown.
+          ValueError: if values and devices differ in number, values differ in static shape
+            or dtype, or `reduction` or `wire_dtype` is unknown, or `wire_dtype` is given for
+            values that are not floating-point.
+          TypeError: for values that are not numbers (strings, booleans), or the mean of
+            integers (inexact: sum them, and divide as floats).
+          tf.errors.InvalidArgumentError: when the step runs, if shapes known only then
+            differ.
         """
         values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
         _check(values, devices, reduction, wire_dtype)
+        values = _same_shapes_at_run_time(values, devices)
         if self.group_size(len(values)) == 1:
             with tf.device(devices[0]):
                 return [tf.identity(values[0])]
@@ -120,6 +127,18 @@ def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
             f"{len(devices)} devices."
         )
     first = values[0]
+    if not (first.dtype.is_floating or first.dtype.is_integer or first.dtype.is_complex):
+        raise TypeError(f"All-reduce adds numbers; got {first.dtype.name} values.")
+    if reduction == "mean" and first.dtype.is_integer:
+        raise TypeError(
+            f"The mean of {first.dtype.name} values is not an integer in general; all-reduce "
+            "with reduction='sum' and divide as floats, or cast the values to a float first."
+        )
+    if wire_dtype is not None and not first.dtype.is_floating:
+        raise ValueError(
+            f"`wire_dtype` sends floating-point values in fewer bits; {first.dtype.name} "
+            "values would lose their value. Pass wire_dtype=None for them."
+        )
     for i, value in enumerate(values[1:], start=1):
         if value.dtype != first.dtype or not value.shape.is_compatible_with(first.shape):
             raise ValueError(
@@ -129,6 +148,30 @@ def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"`reduction` must be one of {REDUCTIONS}; got {reduction!r}.")
     check_wire_dtype(wire_dtype)
+
+
+def _same_shapes_at_run_time(values: list, devices: list) -> list:
+    """`values`, waiting for a check that their shapes agree where not all are static.
+
+    An algorithm splitting values into chunks by their own sizes would mix values of
+    different shapes silently.
+    """
+    if all(v.shape.is_fully_defined() for v in values):
+        return values
+    with host_scope():
+        checks = [
+            tf.debugging.assert_equal(
+                tf.shape(v, out_type=tf.int64),
+                tf.shape(values[0], out_type=tf.int64),
+                message=f"All-reduced values must agree in shape: value {i} and value 0 differ",
+            )
+            for i, v in enumerate(values[1:], start=1)
+        ]
+    out = []
+    for value, device in zip(values, devices):
+        with tf.device(device), tf.control_dependencies(checks):
+            out.append(tf.identity(value))
+    return out
 
 
 def check_wire_dtype(wire_dtype: tf.DType | None) -> None:

@@ -1,11 +1,15 @@
 """TensorFlow's collective all-reduce (`CollectiveReduceV2`), ordered per device."""
 
+import functools
 import itertools
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
 from towers.ops._arguments import check_int, check_number
 from towers.ops._collectives import ALL_REDUCE, random_group_key, reduce_on
 from towers.ops._tensorflow import tf
+
+# What CollectiveReduceV2 has kernels for.
+_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
 class CollectiveAllReduce(AllReduce):
@@ -99,8 +103,14 @@ class CollectiveAllReduce(AllReduce):
     ) -> list[tf.Tensor]:
         """One `CollectiveReduceV2` per device; see `AllReduce.sum`.
 
+        The sum is differentiable: each device's gradient is the sum of every device's
+        upstream gradient, by another collective, so every device's result must reach the
+        loss (as each tower's does in a step); one that does not leaves the others' backward
+        collective waiting for it (until `timeout_seconds`, if set).
+
         Raises:
           ValueError: eagerly, or if a device repeats.
+          TypeError: for a dtype `CollectiveReduceV2` does not add (int8, uint8, ...).
         """
         if tf.executing_eagerly():
             raise ValueError(
@@ -108,19 +118,39 @@ class CollectiveAllReduce(AllReduce):
                 "graph): wrap the step in @tf.function; eagerly each collective would wait "
                 "alone for its peers."
             )
+        if values[0].dtype not in _DTYPES:
+            raise TypeError(
+                f"The {self.name!r} all-reduce (TensorFlow's CollectiveReduceV2) adds "
+                f"{', '.join(d.name for d in _DTYPES)}; got {values[0].dtype.name} values. Use "
+                "'ring' or 'reduce_broadcast' for them."
+            )
         if len(set(devices)) != len(devices):
             raise ValueError(
                 f"The {self.name!r} all-reduce needs distinct devices, one value each; got "
                 f"{devices}. Reduce values of one device first, or use 'ring'."
             )
-        size, group, instance = self.keys(values[0], devices)
+        size, group, forward = self.keys(values[0], devices)
+        timeout = self.timeout()
+        drawn: list[int] = []  # the instance key of each gradient taken, drawn by the first
+
+        def backward(n: int) -> int:  # the n-th gradient a device takes of this sum
+            while len(drawn) <= n:
+                drawn.append(self.keys(values[0], devices)[2])
+            return drawn[n]
+
+        def reduce(value, device, instance):
+            summed = reduce_on(device, to_wire(value, wire_dtype), size, group, instance, timeout)
+            with tf.device(device):
+                return tf.cast(summed, value.dtype)
+
         out = []
         for value, device in zip(values, devices):
-            summed = reduce_on(
-                device, to_wire(value, wire_dtype), size, group, instance, self.timeout()
-            )
             with tf.device(device):
-                out.append(tf.cast(summed, value.dtype))
+                out.append(
+                    _differentiable(
+                        functools.partial(reduce, device=device), value, forward, backward
+                    )
+                )
         return out
 
     def timeout(self) -> float:
@@ -134,3 +164,24 @@ class CollectiveAllReduce(AllReduce):
             return self.timeout_seconds
         in_function = tf.compat.v1.executing_eagerly_outside_functions()
         return 0.0 if in_function else self.v1_timeout_seconds
+
+
+def _differentiable(reduce, value: tf.Tensor, forward: int, backward) -> tf.Tensor:
+    """`reduce(value, forward)`, whose n-th gradient is `reduce(upstream, backward(n))`.
+
+    The gradient of a sum over devices, for each device, is the sum of the upstream gradients
+    of every device's result: the same all-reduce, keyed apart (each gradient taken of it
+    once more). TensorFlow registers none for `CollectiveReduceV2`.
+    """
+    if not value.dtype.is_floating:
+        return reduce(value, instance=forward)
+    taken = itertools.count()
+
+    @tf.custom_gradient
+    def summed(x):
+        def grad(upstream):
+            return reduce(upstream, instance=backward(next(taken)))
+
+        return reduce(x, instance=forward), grad
+
+    return summed(value)

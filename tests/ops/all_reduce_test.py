@@ -399,6 +399,79 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             Incomplete()
 
 
+class ExactOrRefusedTest(tf.test.TestCase, parameterized.TestCase):
+    """What once came back wrong silently: each case exact, or refused when built."""
+
+    @parameterized.parameters(*CPU_ALGORITHMS)
+    def test_shapes_that_differ_only_at_run_time_are_an_error(self, algorithm):
+        """Before: ring (and auto, hierarchical) returned a wrong sum for lengths 3 and 4."""
+        devices = test_util.devices(2)
+
+        @tf.function(input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None])])
+        def reduce(a, b):
+            placed = []
+            for tensor, device in zip((a, b), devices):
+                with tf.device(device):
+                    placed.append(tf.identity(tensor))
+            return _algorithm(algorithm)(placed, devices)
+
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "agree in shape"):
+            reduce(tf.ones([3]), tf.ones([4]))
+        for out in reduce(tf.ones([3]), tf.fill([3], 2.0)):
+            self.assertAllEqual(out, [3.0, 3.0, 3.0])
+
+    @parameterized.parameters(*CPU_ALGORITHMS)
+    def test_what_cannot_be_added_exactly_is_refused_when_built(self, algorithm):
+        devices = test_util.devices(2)
+        with self.assertRaisesRegex(TypeError, "adds numbers; got string"):
+            _run(_algorithm(algorithm), [np.array([b"a", b"b"])] * 2, devices)
+        with self.assertRaisesRegex(TypeError, "mean of int32 values is not an integer"):
+            _run(_algorithm(algorithm), [np.array([4, 8], np.int32)] * 2, devices, reduction="mean")
+        with self.assertRaisesRegex(ValueError, "int32 values would lose their value"):
+            _run(
+                _algorithm(algorithm),
+                [np.array([12004, 280000], np.int32)] * 2,
+                devices,
+                wire_dtype=tf.float16,
+            )
+
+    @parameterized.parameters(*CPU_ALGORITHMS)
+    def test_integer_sums_keep_their_dtype_and_value(self, algorithm):
+        for dtype in (np.int8, np.uint8, np.int32, np.int64):
+            values = [np.array([1, 2, 3], dtype) * (i + 1) for i in range(3)]
+            if algorithm == "collective" and dtype in (np.int8, np.uint8):
+                with self.assertRaisesRegex(TypeError, "Use 'ring' or 'reduce_broadcast'"):
+                    _run(_algorithm(algorithm), values, test_util.devices(3))
+                continue
+            out, _ = _run(_algorithm(algorithm), values, test_util.devices(3))
+            for result in out:
+                self.assertEqual(result.dtype, dtype)
+                self.assertAllEqual(result, np.array([6, 12, 18], dtype))
+
+    @parameterized.parameters(*CPU_ALGORITHMS)
+    def test_gradients_flow_through_every_algorithm(self, algorithm):
+        """d/dx_i of sum_j w_j * (sum_k x_k)_j is sum_j w_j: every device's weight.
+
+        Before: the collective algorithm had none (LookupError on CollectiveReduceV2)."""
+        devices = test_util.devices(3)
+        weights = [1.0, 10.0, 100.0]
+
+        @tf.function
+        def grads(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                placed = []
+                for i, device in enumerate(devices):
+                    with tf.device(device):
+                        placed.append(x * float(i + 1))
+                out = _algorithm(algorithm)(placed, devices)
+                loss = tf.add_n([w * tf.reduce_sum(o) for w, o in zip(weights, out)])
+            return tape.gradient(loss, x)
+
+        # x reaches device i times (i + 1); every output is the sum: 111 * (1 + 2 + 3).
+        self.assertAllClose(grads(tf.ones([4])), [666.0] * 4)
+
+
 if __name__ == "__main__":
     tf.test.main()
 

@@ -89,6 +89,16 @@ class MergeOutputsTest(tf.test.TestCase, parameterized.TestCase):
             ValueError, r"non-negative with a positive sum; got \[1, -1, 1\]"
         ):
             ops.merge_outputs(_towers(), "mean", weights=[1, -1, 1])
+        for weights in ([1.0, float("nan"), 1.0], [1.0, float("inf"), 1.0]):  # before: NaN
+            with self.assertRaisesRegex(ValueError, "`weights` must be finite"):
+                ops.merge_outputs(_towers(), "mean", weights=weights)
+        with self.assertRaisesRegex(ValueError, "non-negative with a positive sum"):
+            ops.merge_outputs(_towers(), "mean", weights=[1, np.int64(-1), 1])  # before: taken
+        with self.assertRaisesRegex(TypeError, "a number or a scalar tensor; got 'a'"):
+            ops.merge_outputs(_towers(), "mean", weights=[1, "a", 1])
+        modes = {"x": "concat", "s": "mean"}
+        merged = ops.merge_outputs(_towers(), modes, weights=np.array([1, 1, 2]))
+        self.assertAllEqual(merged["s"], 1.25)  # (0 + 1 + 2 * 2) / 4
 
     def test_no_towers(self):
         with self.assertRaisesRegex(ValueError, "at least one tower"):

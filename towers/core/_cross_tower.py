@@ -10,6 +10,7 @@ spans every worker's towers.
 
 import tensorflow as tf
 
+from towers.core._devices import canonical_device
 from towers.core._tower_context import TowerContext, current_tower
 from towers.ops import CollectiveAllReduce, internal
 from towers.ops.internal import library_code
@@ -40,7 +41,8 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
       The sum, on this tower's device, bit-identical on every tower.
 
     Raises:
-      ValueError: if called eagerly inside a tower of several towers.
+      ValueError: if called eagerly inside a tower of several towers, or towers share a
+        device.
     """
     value = tf.convert_to_tensor(value)
     tower = current_tower()
@@ -50,6 +52,12 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
         raise ValueError(
             f"Tower {tower.index} knows no device list (TowerContext.devices); build towers "
             "with towers.replicate (or train_step), which gives every tower all the devices."
+        )
+    if len(set(map(canonical_device, tower.devices))) != len(tower.devices):
+        raise ValueError(
+            f"towers.cross_tower_sum (and towers.BatchNorm's statistics) needs distinct "
+            f"devices, one tower each; got {list(tower.devices)}: a collective over a repeated "
+            "device would wait for ever. Give each tower its own (logical) device."
         )
     if tf.executing_eagerly():
         raise ValueError(

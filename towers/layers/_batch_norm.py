@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from towers.core import cross_tower_sum, current_tower
 from towers.ops.internal import check_bool, check_number, library_code
-from towers.variables import updates_state
+from towers.variables import defer_state_update, updates_state
 from towers.workers import current_workers
 
 
@@ -156,6 +156,9 @@ class BatchNorm(tf.Module):
         y = self._normalized(x, mean, variance)
         if not updates_state():
             return y
+        tower = current_tower()
+        if defer_state_update(lambda: self._update_moving(*whole), tower and tower.device):
+            return y  # the step builds it with the update, after its non-finite verdict
         update = self._update_moving(*whole)
         with tf.control_dependencies(update):  # a v1 graph runs the update with the output
             return tf.identity(y)

@@ -83,13 +83,15 @@ class GradientAccumulator(tf.Module, CopiedState):
             return tf.equal((self.calls + 1) % self.every, 0)
 
     @library_code
-    def add(self, grads: list, variables: list, batch_size: Any) -> list:
+    def add(self, grads: list, variables: list, batch_size: Any, keep: Any = None) -> list:
         """Adds one copy's gradients times the batch size; returns the mean since the update.
 
         Args:
           grads: The reduced gradients of this call (None: nothing added).
           variables: The variables they belong to (one copy).
-          batch_size: This call's number of examples.
+          batch_size: This call's number of examples (0 for a call that adds nothing).
+          keep: Optional boolean scalar: False adds zeros instead of the gradients (a
+            skipped call, whose NaN times a batch size of 0 would still be NaN).
 
         Returns:
           Per variable, the sum so far divided by the examples so far (None stays None).
@@ -104,6 +106,8 @@ class GradientAccumulator(tf.Module, CopiedState):
             with tf.device(var.device):
                 if isinstance(grad, tf.IndexedSlices):
                     grad = densified(grad, var)
+                if keep is not None:
+                    grad = tf.where(keep, grad, tf.zeros_like(grad))
                 added = total.assign_add(grad * tf.cast(batch_size, grad.dtype))
                 means.append(tf.convert_to_tensor(added) / tf.cast(examples, grad.dtype))
         return means

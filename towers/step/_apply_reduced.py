@@ -10,6 +10,14 @@ from towers.ops.internal import device_scope, host_scope, library_code, update_o
 from towers.optimizers import AppliesGradients, Optimizer
 from towers.step._accumulator import GradientAccumulator
 from towers.step._loss_scale import LossScale, scale_value
+from towers.step._nonfinite import (
+    NONFINITE,
+    applied_if,
+    finite_rate,
+    guarded,
+    true_after,
+    verdict,
+)
 from towers.variables import ReducedGradients, VariableStrategy
 
 GradientHook = Callable[[list, list], Sequence]
@@ -25,6 +33,7 @@ def apply_reduced(
     nonfinite: str | None = None,
     accumulate: GradientAccumulator | None = None,
     batch_size: Any = None,
+    state_updates: Sequence[Callable[[], Any]] = (),
 ) -> list:
     """Applies each copy's reduced gradients: unscaled, the hook (if any), the optimizer.
 
@@ -35,13 +44,18 @@ def apply_reduced(
       gradient_hook: As in `train_step`, called once per entry of `reduced` with the unscaled
         (and accumulated) gradients.
       loss_scale: The loss scale the gradients carry (divided out here); a `LossScale`
-        object is also told whether the step was finite.
-      nonfinite: What a gradient with a NaN or Inf does: "raise" (the step fails before any
-        variable changes), "skip" (no copy is updated, the optimizer's state included) or
-        None (no check).
+        object is also told whether the step (with `accumulate`: this call) was finite.
+      nonfinite: What a NaN or Inf in a gradient (or in a towers optimizer's learning rate)
+        does: "raise" (the step fails before any state changes), "skip" (no state changes:
+        weights, optimizer state, `state_updates`, accumulated sums) or None (no check).
+        With `accumulate`, each call's gradients are checked as they are added: a skipped
+        call adds neither its gradients nor its examples.
       accumulate: A `GradientAccumulator`: the gradients are added to its sums, and the
         hook and the optimizer run only every `every` calls, on the mean.
       batch_size: This call's number of examples (needed with `accumulate`).
+      state_updates: Callables building updates of state beside the weights (BatchNorm's
+        moving averages, deferred by `towers.deferred_state_updates`), built under the same
+        verdict: skipped with the step, or after its checks.
 
     Returns:
       The updates (and the loss scale's and the accumulator's).
@@ -61,49 +75,65 @@ def apply_reduced(
     given = []
     for copy in reduced:
         with device_scope(copy.device):
-            grads = _unscaled(copy.grads, loss_scale)
-            if accumulate is not None:
-                grads = accumulate.add(grads, copy.variables, batch_size)
-            given.append(grads)
-
-    def now() -> list:
-        return _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite)
-
+            given.append(_unscaled(copy.grads, loss_scale))
     if accumulate is None:
-        return now()
+        return _apply_now(
+            reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates
+        )
+    # Each call is judged as it is added: a bad micro-batch must not poison the sums.
+    finite, checks = verdict(given, [c.variables for c in reduced], nonfinite)
+    with tf.control_dependencies(update_ops(checks)):
+        if nonfinite == "skip":
+            batch_size = tf.where(finite, tf.cast(batch_size, tf.float32), 0.0)
+        keep = finite if nonfinite == "skip" else None
+        added = []
+        for copy, grads in zip(reduced, given):
+            with device_scope(copy.device):
+                added.append(accumulate.add(grads, copy.variables, batch_size, keep=keep))
+    updates = guarded(state_updates, finite, nonfinite, checks)
+    if isinstance(loss_scale, LossScale):
+        with tf.control_dependencies(update_ops(added)):
+            updates.append(loss_scale.update(finite))
+
+    def now() -> list:  # the mean is checked again: every call of it may have been skipped
+        return _apply_now(reduced, added, optimizer, gradient_hook, None, nonfinite, ())
+
     ready = accumulate.ready()
-    applied = tf.cond(ready, lambda: _true_after(now()), lambda: tf.constant(False))
-    return [applied, accumulate.finish(ready, batch_size, after=update_ops(applied))]
+    with tf.control_dependencies(update_ops(updates)):
+        applied = tf.cond(ready, lambda: true_after(now()), lambda: tf.constant(False))
+    return [applied, accumulate.finish(ready, batch_size, after=update_ops(applied)), *updates]
 
 
-def _apply_now(reduced, given, optimizer, gradient_hook, loss_scale, nonfinite) -> list:
+def _apply_now(
+    reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates
+) -> list:
     """The hook on each copy's gradients, their checks, then the optimizer (or a skip)."""
     hook = None if gradient_hook is None else as_caller_would(gradient_hook)
     apply_gradients = optimizer.apply_gradients
     if not isinstance(optimizer, Optimizer):  # a user's rule may use Python control flow
         apply_gradients = as_caller_would(apply_gradients)
-    hooked, checks, finite = [], [], []
+    hooked, checks = [], []
     for copy, grads in zip(reduced, given):
         with device_scope(copy.device):
             if hook is not None:
                 hooked_grads = hook(grads, copy.variables)
                 checks += _checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
-            if nonfinite is not None:
-                finite.append(all_finite(grads))
-            if nonfinite == "raise":
-                checks.append(_assert_finite(finite[-1], copy.variables))
         hooked.append(grads)
-    # One verdict for all copies: a hook that treats copies differently must not split them.
-    finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
+    rate = None
+    if nonfinite is not None and isinstance(optimizer, Optimizer):
+        rate = finite_rate(optimizer)
+    finite, guards = verdict(hooked, [c.variables for c in reduced], nonfinite, rate)
+    checks += guards
     updates = []
     for copy, grads in zip(reduced, hooked):
         with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
             pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
             if nonfinite == "skip":
-                updates.append(_applied_if(finite, apply_gradients, pairs))
+                updates.append(applied_if(finite, lambda pairs=pairs: apply_gradients(pairs)))
             else:
                 updates.append(apply_gradients(pairs))
+    updates += guarded(state_updates, finite, nonfinite, checks)
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
         with tf.control_dependencies(update_ops(updates)):
             updates.append(loss_scale.update(finite))
@@ -134,25 +164,6 @@ def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradie
     )
 
 
-def _true_after(updates: list) -> tf.Tensor:
-    with tf.control_dependencies(update_ops(updates)):
-        return tf.constant(True)
-
-
-NONFINITE = ("raise", "skip", None)
-
-
-@library_code
-def all_finite(grads: Sequence) -> tf.Tensor:
-    """Whether every value of every gradient is finite (a boolean scalar)."""
-    checks = [
-        tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
-        for g in grads
-        if g is not None
-    ]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
 def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
     if loss_scale is None:
         return list(grads)
@@ -167,27 +178,6 @@ def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
             g = g * tf.cast(inverse, g.dtype)
         out.append(g)
     return out
-
-
-def _assert_finite(finite: tf.Tensor, variables: list) -> Any:
-    with host_scope():  # Assert has no GPU kernel
-        return tf.debugging.Assert(
-            finite,
-            [
-                f"A gradient holds NaN or Inf; no variable was changed. Variables: "
-                f"{[v.name for v in variables]}. Pass nonfinite='skip' (or a loss scale) to skip "
-                "such steps instead."
-            ],
-        )
-
-
-def _applied_if(finite: tf.Tensor, apply_gradients: Callable, pairs: list) -> tf.Tensor:
-    """The update under `tf.cond`: a True output when applied, False when skipped."""
-
-    def apply() -> tf.Tensor:
-        return _true_after([apply_gradients(pairs)])
-
-    return tf.cond(finite, apply, lambda: tf.constant(False))
 
 
 def apply_replicated(

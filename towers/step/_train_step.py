@@ -11,11 +11,12 @@ from towers.core import as_caller_would, current_tower, device_list, user_code_e
 from towers.ops.internal import library_code, update_ops
 from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
-from towers.step._apply_reduced import NONFINITE, GradientHook, apply_reduced
+from towers.step._apply_reduced import GradientHook, apply_reduced
 from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value
 from towers.step._micro_batches import check_micro_batches, in_micro_batches
+from towers.step._nonfinite import NONFINITE
 from towers.step._tower_builder import replicate, resolve_strategy
-from towers.variables import VariableStrategy
+from towers.variables import VariableStrategy, deferred_state_updates
 
 Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
 
@@ -202,7 +203,8 @@ def train_step(
         merge=merge,
     )
     with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
-        per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
+        with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
+            per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
         losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
         _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
         reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
@@ -221,6 +223,7 @@ def train_step(
         nonfinite=nonfinite,
         accumulate=accumulate,
         batch_size=_total(sizes),
+        state_updates=state_updates,
     )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:

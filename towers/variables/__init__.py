@@ -7,6 +7,7 @@ reads and turns the towers' gradients into updates: `ParameterServer` (one copy)
 use.
 """
 
+from towers.variables._deferred import defer_state_update, deferred_state_updates
 from towers.variables._names import CopiedState, Copies, canonical_name
 from towers.variables._parameter_server import ParameterServer
 from towers.variables._replica_checks import check_replicas_identical
@@ -24,6 +25,8 @@ __all__ = [
     "VariableStrategy",
     "canonical_name",
     "check_replicas_identical",
+    "defer_state_update",
+    "deferred_state_updates",
     "named_variables",
     "updates_state",
     "variable_copies",

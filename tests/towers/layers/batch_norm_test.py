@@ -328,6 +328,19 @@ class InferenceAndArgumentsTest(tf.test.TestCase):
         )
         self.assertAllClose(means[1], tf.reduce_mean(shards[1], 0))
 
+    def test_towers_sharing_a_device_are_refused_when_built(self):
+        """Before: built without error, then the collective waited for ever."""
+        device = test_util.devices(1)[0]
+        shards = towers.ops.split_batch(tf.constant(_batch(4, 2)[0]), 2)
+        for step in (
+            lambda s: towers.cross_tower_sum(tf.reduce_sum(s)),
+            lambda s: towers.batch_moments(s, [0], sync=True)[0],
+        ):
+            with self.assertRaisesRegex(ValueError, "needs distinct devices, one tower each"):
+                tf.function(
+                    lambda step=step: towers.replicate(step, shards, [device, device])
+                ).get_concrete_function()
+
     def test_a_tower_without_the_device_list_is_refused(self):
         with towers.TowerContext(0, "/device:CPU:0", 2):
             with self.assertRaisesRegex(ValueError, "knows no device list"):
