@@ -28,7 +28,7 @@ from towers.core import (
     session_config,
     simulate_devices,
 )
-from towers.layers import BatchNorm, batch_moments
+from towers.layers import BatchNorm, batch_moments, dropout, example_uniform
 from towers.optimizers import LAMB, LARS, SGD, Adagrad, Adam, AdamW, Optimizer, RMSProp
 from towers.progress import Evaluation, StepTimer, evaluate, summary_scalar
 from towers.step import (
@@ -88,7 +88,9 @@ __all__ = [
     "cross_tower_sum",
     "current_tower",
     "current_workers",
+    "dropout",
     "evaluate",
+    "example_uniform",
     "init_workers",
     "list_devices",
     "named_variables",

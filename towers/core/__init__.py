@@ -16,6 +16,7 @@ from towers.core._devices import (
     session_config,
     simulate_devices,
 )
+from towers.core._examples import examples_from, first_example
 from towers.core._tower_context import TowerContext, current_tower
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "cross_tower_sum",
     "current_tower",
     "device_list",
+    "examples_from",
+    "first_example",
     "library_code",
     "list_devices",
     "session_config",

@@ -6,6 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 import towers.ops as ops
+from towers.core import examples_from
 from towers.ops.internal import accumulation_dtype, check_int, normalized_weights, weight_in
 
 
@@ -58,11 +59,12 @@ def in_micro_batches(
         ) from None
     weights = _weights(sizes)
     losses, outputs, total, before = [], [], None, []
-    for part, weight in zip(parts, weights):
+    for k, (part, weight) in enumerate(zip(parts, weights)):
         if before:
             with tf.control_dependencies(before):
                 part = tf.nest.map_structure(tf.identity, part)
-        loss, out, grads = one_pass(part)
+        with examples_from(_before(sizes, k)):  # where the part's examples sit in the batch
+            loss, out, grads = one_pass(part)
         losses.append(loss)
         outputs.append(out)
         total = _added(total, grads, weight)  # a running sum: one part's gradients alive
@@ -72,6 +74,13 @@ def in_micro_batches(
     loss = ops.merge_outputs(losses, "mean", weights=sizes)
     merged = None if outputs[0] is None else ops.merge_outputs(outputs, merge, weights=sizes)
     return loss, merged, [_cast_back(t, g) for t, g in zip(total, grads)]
+
+
+def _before(sizes: list, k: int) -> Any:
+    """How many examples the parts before part k hold."""
+    if all(isinstance(n, int) for n in sizes[:k]):
+        return sum(sizes[:k])
+    return tf.add_n([tf.cast(n, tf.int64) for n in sizes[:k]])
 
 
 def _added(total: list | None, grads: list, weight: Any) -> list:

@@ -6,12 +6,14 @@ from typing import Any
 
 import tensorflow as tf
 
+import towers.ops as ops
 from towers.core import (
     TowerContext,
     as_caller_would,
     check_devices_exist,
     current_tower,
     device_list,
+    examples_from,
     user_code_entry,
 )
 from towers.ops.internal import library_code
@@ -70,9 +72,21 @@ def replicate(
     for i, (shard, device) in enumerate(zip(shards, devices)):
         with tf.device(device), tf.name_scope(f"tower_{i}") as scope:
             with TowerContext(i, device, len(devices), scope, strategy, tuple(devices)) as tower:
-                with strategy.scope(tower):
+                with strategy.scope(tower), examples_from(_offset(shards, i)):
                     results.append(fn(shard))
     return results
+
+
+def _offset(shards: list, i: int):
+    """The global index of shard i's first example, computed when something reads it."""
+
+    def offset() -> Any:
+        sizes = [ops.shard_sizes(shard, 1)[0] for shard in shards[:i]]
+        if all(isinstance(n, int) for n in sizes):
+            return sum(sizes)
+        return tf.add_n([tf.cast(n, tf.int64) for n in sizes])
+
+    return offset
 
 
 @library_code

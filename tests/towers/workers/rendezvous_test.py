@@ -67,26 +67,30 @@ def _outcome(process, limit=90):
 
 
 class StartupTest(parameterized.TestCase):
-    @parameterized.parameters((0, "missing"), (1, "missing"), (0, "frozen"))
-    def test_a_peer_that_never_comes_is_a_timeout_naming_it(self, index, peer):
-        """Worker `index` of 2 starts; the other never does, or is frozen (SIGSTOP) before
-        its server started. Before: TensorFlow waited for ever, deaf to SIGTERM."""
-        cluster = _cluster(2)
-        other = None
-        if peer == "frozen":
-            other = _join(cluster, 1 - index, 60)
-            os.kill(other.pid, signal.SIGSTOP)  # before Python has even imported towers
+    def test_a_peer_that_never_comes_is_a_timeout_naming_it(self):
+        """Worker 0 or 1 of 2 starts; the other never does, or is frozen (SIGSTOP) before its
+        server started. Before: TensorFlow waited for ever, deaf to SIGTERM. (The three
+        cases run at once, each its own cluster.)"""
+        cases = [(0, "missing"), (1, "missing"), (0, "frozen")]
+        clusters = [_cluster(2) for _ in cases]
+        frozen = []
+        for cluster, (index, peer) in zip(clusters, cases):
+            if peer == "frozen":
+                frozen.append(_join(cluster, 1 - index, 60))
+                os.kill(frozen[-1].pid, signal.SIGSTOP)  # before Python has imported towers
         try:
             start = time.monotonic()
-            report, err = _outcome(_join(cluster, index, 4))
+            joining = [_join(c, index, 4) for c, (index, _) in zip(clusters, cases)]
+            outcomes = [_outcome(process) for process in joining]
             elapsed = time.monotonic() - start
         finally:
-            if other is not None:
-                other.kill()
-                other.communicate()
-        self.assertEqual(report["error"], "TimeoutError", err[-2000:])
-        self.assertIn(f"worker(s) {1 - index} at {cluster[1 - index]}", report["message"])
-        self.assertIn("startup_timeout_seconds", report["message"])
+            for process in frozen:
+                process.kill()
+                process.communicate()
+        for cluster, (index, _), (report, err) in zip(clusters, cases, outcomes):
+            self.assertEqual(report["error"], "TimeoutError", err[-2000:])
+            self.assertIn(f"worker(s) {1 - index} at {cluster[1 - index]}", report["message"])
+            self.assertIn("startup_timeout_seconds", report["message"])
         self.assertLess(elapsed, 60)  # the 4 s timeout plus start-up on a loaded machine
 
     def test_a_late_peer_within_the_timeout_joins(self):
