@@ -131,8 +131,11 @@ def train(
     test_set = tf.data.Dataset.from_tensor_slices((test_images, test_labels)).batch(100)
     model = DigitsNet(seed)
     model(tf.zeros([1, 8, 8, 1]), training=False)  # the variables exist before a restore
+    # A ramp from 0: Adam's first step moves every weight by about the rate, whatever its
+    # gradient, also where the gradient is round-off (the convolutions' biases before a
+    # BatchNorm have none), which would set runs on 1 and 4 towers apart from the start.
     schedule = towers.schedules.LinearWarmup(
-        steps // 10, towers.schedules.CosineDecay(learning_rate, steps)
+        steps // 10, towers.schedules.CosineDecay(learning_rate, steps), initial=0.0
     )
     optimizer = towers.Adam(schedule)
     manager, start = None, 0

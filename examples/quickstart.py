@@ -214,7 +214,7 @@ def train(
         towers.summary_scalar("train/loss", loss, step=step_count)  # once, no tower prefix
         return loss
 
-    timer = towers.StepTimer(steps, batch_size, every=log_every or steps)
+    timer = towers.StepTimer(steps, batch_size, every=log_every or steps, log=logging.info)
     losses, seconds = [], []
     for i in range(start, steps):
         step_count.assign(i + 1)

@@ -106,7 +106,10 @@ def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int |
         return [base + (1 if i < extra else 0) for i in range(num_splits)]
     with host_scope():  # Assert has no GPU kernel
         check = tf.debugging.assert_greater_equal(
-            batch, num_splits, message=f"the batch size must be >= num_splits={num_splits}"
+            batch,
+            num_splits,
+            message=f"the batch size must be >= num_splits={num_splits} (every tower needs an "
+            "example; a last, short batch: drop_remainder=True or fewer towers)",
         )
     with tf.control_dependencies([check]):
         base, extra = batch // num_splits, batch % num_splits

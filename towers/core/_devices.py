@@ -53,7 +53,7 @@ def device_list(devices: Any, argument: str = "devices") -> list[str]:
 
     Raises:
       TypeError: if `devices` is one device or not a sequence.
-      ValueError: if a name does not parse.
+      ValueError: if a name does not parse, or there is none.
     """
     if isinstance(devices, (str, bytes, tf.DeviceSpec, tf.config.LogicalDevice)):
         shown = devices.name if isinstance(devices, tf.config.LogicalDevice) else devices
@@ -62,13 +62,19 @@ def device_list(devices: Any, argument: str = "devices") -> list[str]:
             f"{shown!r}. Pass [{shown!r}] for one tower."
         )
     try:
-        return [canonical_device(d) for d in devices]
+        names = [canonical_device(d) for d in devices]
     except TypeError:
         if isinstance(devices, Iterable):
             raise
         raise TypeError(
             f"`{argument}` must be a list of device names; got {type(devices).__name__}."
         ) from None
+    if not names:
+        raise ValueError(
+            f"`{argument}` must name at least one device (one per tower); got none. Use "
+            "towers.list_devices()."
+        )
+    return names
 
 
 @library_code
@@ -78,9 +84,24 @@ def check_devices_exist(devices: list[str], argument: str = "devices") -> None:
     A v1 graph is run by a Session that takes its devices from its own config, so graphs built
     outside functions are not checked; the session reports a missing device when it runs.
 
+    A device of another job or task than this process's (`towers.init_workers`) is refused
+    in both: towers run on the process's own devices.
+
     Raises:
       ValueError: naming the missing device and those that exist.
     """
+    me = current_workers()
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(device)
+        mine = spec.job in (None, "localhost") or (
+            spec.job == me.job and spec.task in (None, me.index) and spec.replica in (None, 0)
+        )
+        if not mine:
+            where = f"task {me.index} of job {me.job!r}" if me.num_workers > 1 else "alone"
+            raise ValueError(
+                f"Device {device!r} in `{argument}` is not this process's ({where}); towers "
+                "run on the process's own devices: towers.list_devices()."
+            )
     if not tf.compat.v1.executing_eagerly_outside_functions():
         return
     existing = {canonical_device(d) for d in tf.config.list_logical_devices()}

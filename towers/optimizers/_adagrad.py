@@ -5,6 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_number
+from towers.optimizers._checks import check_epsilon
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -41,7 +42,7 @@ class Adagrad(Optimizer):
         self.initial_slot_value = check_number(
             initial_accumulator_value, "initial_accumulator_value", above=0.0
         )
-        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
+        self.epsilon = check_epsilon(epsilon)
 
     def update(
         self,

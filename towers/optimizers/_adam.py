@@ -5,8 +5,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import check_number
-from towers.optimizers._checks import check_decays_representable
+from towers.ops.internal import check_int, check_number
+from towers.optimizers._checks import check_decays_representable, check_epsilon
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -43,7 +43,7 @@ class Adam(Optimizer):
         super().__init__(learning_rate, name=name)
         self.beta_1 = check_number(beta_1, "beta_1", minimum=0.0, below=1.0)
         self.beta_2 = check_number(beta_2, "beta_2", minimum=0.0, below=1.0)
-        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
+        self.epsilon = check_epsilon(epsilon)
 
     def update(
         self,
@@ -73,8 +73,10 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """Adam with decoupled weight decay: `w -= lr * weight_decay * w`, then the Adam update.
 
-    Variables whose canonical name matches a pattern of `exclude` (biases, normalization
-    parameters) get no decay.
+    Variables whose canonical name (the attribute path, e.g. "blocks/0/ln_1/gamma") matches
+    a pattern of `exclude` get no decay, nor, with `exclude_rank_below=2`, variables of fewer
+    than 2 dimensions: every bias and normalization gain, whatever it is called (GPT-style
+    names such as "ln_1" match neither "bias" nor "norm"; nanoGPT decays only matrices).
 
     Args:
       learning_rate: The step size: a number, a scalar tensor or variable, or a schedule.
@@ -83,6 +85,8 @@ class AdamW(Adam):
       beta_2: The second moment's decay, in [0, 1).
       epsilon: Added to the root of the second moment, > 0.
       exclude: Regular expressions; a variable whose name matches one gets no decay.
+      exclude_rank_below: Variables of fewer dimensions than this get no decay; 0 (default)
+        excludes by name only.
       name: The module's name.
 
     Raises:
@@ -99,10 +103,13 @@ class AdamW(Adam):
         epsilon: float = 1e-7,
         exclude: Sequence[str] = ("bias", "norm"),
         name: str = "AdamW",
+        *,
+        exclude_rank_below: int = 0,
     ):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name=name)
         check_number(weight_decay, "weight_decay", minimum=0.0)
         self.weight_decay, self.exclude = float(weight_decay), tuple(exclude)
+        self.exclude_rank_below = check_int(exclude_rank_below, "exclude_rank_below", minimum=0)
 
     def update(
         self,
@@ -113,7 +120,8 @@ class AdamW(Adam):
         step: tf.Tensor,
     ) -> Any:
         """See `Optimizer.update`."""
-        if self.weight_decay and not self.excluded(var, self.exclude):
+        decays = var.shape.rank is None or var.shape.rank >= self.exclude_rank_below
+        if self.weight_decay and decays and not self.excluded(var, self.exclude):
             decayed = var.assign_sub(var * (lr * tf.cast(self.weight_decay, var.dtype)))
             with tf.control_dependencies([getattr(decayed, "op", decayed)]):
                 return super().update(grad, var, slots, lr, step)

@@ -43,6 +43,24 @@ def check_learning_rate(learning_rate: Any) -> None:
     check_number(learning_rate, "learning_rate", minimum=0.0)
 
 
+def check_epsilon(epsilon: Any) -> float:
+    """A finite number > 0 that stays > 0 in float32.
+
+    1e-46 is 0 there: a zero gradient's update would be 0 / 0.
+
+    Raises:
+      TypeError: for a non-number.
+      ValueError: for a number <= 0, not finite, or 0 in float32.
+    """
+    epsilon = check_number(epsilon, "epsilon", above=0.0)
+    if np.float32(epsilon) == 0:
+        raise ValueError(
+            f"`epsilon` must stay > 0 in float32; got {epsilon:g}, which rounds to 0 there "
+            "(a variable whose gradient is exactly 0 would become NaN). Use >= 1e-38."
+        )
+    return epsilon
+
+
 def _check_takes_step(schedule: Any) -> None:
     """Refuses a callable that cannot take the step count (e.g. a Keras 2 `lambda: 0.1`)."""
     try:

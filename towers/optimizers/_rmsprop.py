@@ -5,6 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_bool, check_number
+from towers.optimizers._checks import check_epsilon
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -43,7 +44,7 @@ class RMSProp(Optimizer):
         super().__init__(learning_rate, name=name)
         self.rho = check_number(rho, "rho", minimum=0.0, below=1.0)
         self.momentum = check_number(momentum, "momentum", minimum=0.0, below=1.0)
-        self.epsilon = check_number(epsilon, "epsilon", above=0.0)
+        self.epsilon = check_epsilon(epsilon)
         self.centered = check_bool(centered, "centered")
         self.slot_names = ("ms", "mom", "mg") if centered else ("ms", "mom")
 

@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.core import as_caller_would, user_code_entry
-from towers.ops.internal import check_number
+from towers.ops.internal import check_int, check_number
 
 
 class Schedule(abc.ABC):
@@ -66,16 +66,17 @@ class PiecewiseConstant(Schedule):
     boundaries[i]`, and the last value after the last boundary.
 
     Args:
-      boundaries: Increasing step counts.
+      boundaries: Increasing step counts (ints >= 0), compared with the step as int64.
       values: One more rate than boundaries.
 
     Raises:
       ValueError: if the lengths disagree, boundaries do not increase, or a rate is negative.
+      TypeError: if a boundary is not an int.
     """
 
     def __init__(self, boundaries: Sequence[int], values: Sequence[float]):
         self.boundaries, self.values = (
-            list(boundaries),
+            [check_int(b, "each boundary", minimum=0) for b in boundaries],
             [_non_negative(v, "values") for v in values],
         )
         if len(self.values) != len(self.boundaries) + 1:
@@ -86,14 +87,27 @@ class PiecewiseConstant(Schedule):
         if any(b >= c for b, c in zip(self.boundaries, self.boundaries[1:])):
             raise ValueError(f"`boundaries` must increase; got {self.boundaries}.")
 
-    def rate(self, step: tf.Tensor) -> tf.Tensor:
-        """See `Schedule.rate`."""
+    @user_code_entry
+    def __call__(self, step: Any) -> tf.Tensor:
+        """The rate at `step` updates done, the step compared as an int64 (exact past 2**24).
+
+        Args:
+          step: The number of updates done.
+
+        Returns:
+          A float32 scalar tensor.
+        """
+        step = tf.cast(step, tf.int64)
         passed = (
-            tf.reduce_sum(tf.cast(step > tf.constant(self.boundaries, tf.float32), tf.int32))
+            tf.reduce_sum(tf.cast(step > tf.constant(self.boundaries, tf.int64), tf.int32))
             if self.boundaries
             else tf.constant(0)
         )
         return tf.gather(tf.constant(self.values, tf.float32), passed)
+
+    def rate(self, step: tf.Tensor) -> tf.Tensor:
+        """See `Schedule.rate` (`step` as float32: exact up to 2**24)."""
+        return self(tf.cast(tf.round(step), tf.int64))
 
 
 class ExponentialDecay(Schedule):
@@ -151,16 +165,19 @@ class CosineDecay(Schedule):
 
 
 class LinearWarmup(Schedule):
-    """A linear ramp from `initial` to the rate `after` starts at, then `after`.
+    """A linear ramp up to the rate `after` starts at, then `after`.
 
-    During the first `warmup_steps` steps the rate rises linearly from `initial` to
-    `after(0)` (or `after` itself, a number); from then on it is `after(step - warmup_steps)`,
-    so the schedule after the warm-up runs from its own step 0.
+    During the first `warmup_steps` steps the rate rises linearly to `after(0)` (or `after`
+    itself, a number); from then on it is `after(step - warmup_steps)`, so the schedule after
+    the warm-up runs from its own step 0. By default the first update already moves:
+    `peak * (step + 1) / warmup_steps`, reaching the peak at the last warm-up step (a ramp
+    from 0, as Keras', optax's and Hugging Face's, makes the first update do nothing). With
+    `initial`, the ramp runs from `initial` at step 0 to the peak at `warmup_steps`.
 
     Args:
       warmup_steps: The length of the ramp, > 0.
       after: A number, a `Schedule` or any callable of the step count.
-      initial: The rate at step 0, >= 0.
+      initial: The rate at step 0, >= 0; None (default) for `peak / warmup_steps`.
 
     Raises:
       ValueError: if an argument is out of range.
@@ -168,17 +185,24 @@ class LinearWarmup(Schedule):
     """
 
     def __init__(
-        self, warmup_steps: int, after: float | Callable[[Any], Any], initial: float = 0.0
+        self,
+        warmup_steps: int,
+        after: float | Callable[[Any], Any],
+        initial: float | None = None,
     ):
         self.warmup_steps = _positive(warmup_steps, "warmup_steps")
         if not callable(after):
             after = Constant(_non_negative(after, "after"))
-        self.after, self.initial = after, _non_negative(initial, "initial")
+        self.after = after
+        self.initial = None if initial is None else _non_negative(initial, "initial")
 
     def rate(self, step: tf.Tensor) -> tf.Tensor:
         """See `Schedule.rate`."""
         peak = tf.cast(self.after(tf.constant(0, tf.int64)), tf.float32)
-        ramp = self.initial + (peak - self.initial) * step / self.warmup_steps
+        if self.initial is None:
+            ramp = peak * (step + 1.0) / self.warmup_steps
+        else:
+            ramp = self.initial + (peak - self.initial) * step / self.warmup_steps
         since = tf.cast(tf.maximum(step - self.warmup_steps, 0.0), tf.int64)
         return tf.where(step < self.warmup_steps, ramp, tf.cast(self.after(since), tf.float32))
 

@@ -1,11 +1,13 @@
-"""A step timer for training loops: ms/step, examples/s and time left, through absl logging."""
+"""A step timer for training loops: ms/step, examples/s and time left, logged."""
 
 import datetime
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
-from absl import logging
+from absl import flags, logging
 
 from towers.ops.internal import check_int
 from towers.progress._summaries import summary_scalar
@@ -15,16 +17,19 @@ class StepTimer:
     """Reports the speed of a training loop every `every` steps.
 
     Call `step_end(step)` after each step. The clock starts at the first call, so the first
-    step (the trace of a `tf.function`) is not counted. Every `every` steps it logs, through
-    absl logging, the milliseconds per step and examples per second since the last report
-    and, with `total_steps`, the time left; with a default summary writer, it also writes
-    "perf/ms_per_step" and "perf/examples_per_second" (`towers.summary_scalar`).
+    step (the trace of a `tf.function`) is not counted. Every `every` steps it reports (through
+    `log`: absl's INFO log in a program run by `absl.app`, whose flags are parsed, else a line
+    on stderr, which absl would drop below WARNING) the milliseconds per step and examples
+    per second since the last report and, with `total_steps`, the time left; with a default
+    summary writer, it also writes "perf/ms_per_step" and "perf/examples_per_second"
+    (`towers.summary_scalar`).
 
     Args:
       total_steps: The step the loop ends at (for the time left), or None.
       examples_per_step: The global batch size (for examples/s), or None.
       every: Report every this many steps, >= 1.
       clock: Seconds as a float; `time.perf_counter` unless a test fakes it.
+      log: Where each report line goes (e.g. `print`); None for the default above.
 
     Raises:
       ValueError: for a non-positive `every`, `total_steps` or `examples_per_step`.
@@ -44,7 +49,11 @@ class StepTimer:
         *,
         every: int = 100,
         clock: Callable[[], float] = time.perf_counter,
+        log: Callable[[str], Any] | None = None,
     ):
+        if log is not None and not callable(log):
+            raise TypeError(f"`log` must be callable, e.g. print; got {log!r}.")
+        self._write = log or _default_log
         for label, value in (
             ("total_steps", total_steps),
             ("examples_per_step", examples_per_step),
@@ -95,4 +104,17 @@ class StepTimer:
         if self.seconds_left is not None:
             parts.append(f"{datetime.timedelta(seconds=round(self.seconds_left))} left")
         where = f"{step}/{self.total_steps}" if self.total_steps else f"{step}"
-        logging.info("step %s: %s", where, ", ".join(parts))
+        self._write(f"step {where}: {', '.join(parts)}")
+
+
+def _default_log(line: str) -> None:
+    """The INFO log under `absl.app`; stderr elsewhere (absl drops INFO there)."""
+    if _under_absl_app():
+        logging.info("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _under_absl_app() -> bool:
+    """Whether absl parsed the flags (`absl.app.run` does), which sets its log's verbosity."""
+    return flags.FLAGS.is_parsed()

@@ -6,7 +6,13 @@ from typing import Any
 import tensorflow as tf
 
 from towers.core import as_caller_would, user_code_entry
-from towers.ops.internal import device_scope, host_scope, library_code, update_ops
+from towers.ops.internal import (
+    deduplicated,
+    device_scope,
+    host_scope,
+    library_code,
+    update_ops,
+)
 from towers.optimizers import AppliesGradients, Optimizer
 from towers.step._accumulator import GradientAccumulator
 from towers.step._loss_scale import LossScale, scale_value
@@ -116,6 +122,7 @@ def _apply_now(
     for copy, grads in zip(reduced, given):
         with device_scope(copy.device):
             if hook is not None:
+                grads = [unique_rows(g) for g in grads]  # so that norms of them are right
                 hooked_grads = hook(grads, copy.variables)
                 checks += _checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
@@ -162,6 +169,15 @@ def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradie
     optimizer.build(
         {name: tuple(copy.variables[j] for copy in reduced) for j, name in enumerate(names)}
     )
+
+
+def unique_rows(grad: Any) -> Any:
+    """`tf.IndexedSlices` with each row once (repeated rows summed); anything else as it is.
+
+    What the gradient hook sees: `tf.linalg.global_norm` and `tf.clip_by_global_norm` of
+    slices with repeated rows would measure the rows, not the gradient.
+    """
+    return deduplicated(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
 def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:

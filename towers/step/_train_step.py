@@ -155,7 +155,9 @@ def train_step(
       gradient_hook: Called as `hook(grads, variables)` with the reduced gradients of each
         copy of the variables (once with a parameter server, once per replica with
         `Replicated`); returns the gradients to apply (clip, mask, log). None gradients may
-        stay None. It must treat every copy alike to keep replicas identical.
+        stay None. It must treat every copy alike to keep replicas identical. A gradient is
+        a dense tensor or `tf.IndexedSlices` with each row once (repeated rows summed), so
+        `tf.clip_by_global_norm` measures the true norm; with `accumulate`, always dense.
       merge: How to merge the outputs, as `ops.merge_outputs`'s `mode`.
       variable_strategy: A `towers.VariableStrategy` for a model that does not hold its own
         copies; default `towers.ParameterServer()` (variables on the CPU). Ignored, with a

@@ -64,12 +64,17 @@ def names_of(variables: Variables) -> dict[str, tf.Variable]:
     if isinstance(variables, tf.Module) or is_keras_layer(variables):
         return walk_model(variables)[0]
     if isinstance(variables, Mapping):
+        named = {}
         for name, var in variables.items():
-            if not isinstance(name, str) or not isinstance(var, tf.Variable):
+            if not isinstance(name, str) or not (
+                isinstance(var, tf.Variable) or is_keras_variable(var)
+            ):
                 raise TypeError(
-                    f"A dict target maps str names to tf.Variable; got {name!r}: {var!r}."
+                    f"A dict target maps str names to tf.Variable (or keras.Variable); got "
+                    f"{name!r}: {_shown(var)}."
                 )
-        return dict(variables)
+            named[name] = as_tf_variable(var)  # a keras.Variable: the tf.Variable it wraps
+        return named
     if isinstance(variables, (str, bytes)) or not isinstance(variables, Sequence):
         raise TypeError(
             "`target` must be a tf.Module, a list of tf.Variable, a dict of name to variable, "
@@ -78,7 +83,7 @@ def names_of(variables: Variables) -> dict[str, tf.Variable]:
     found = {}
     for var in variables:
         if not isinstance(var, tf.Variable):
-            raise TypeError(f"`target` must hold only tf.Variable; got {var!r}.")
+            raise TypeError(f"`target` must hold only tf.Variable; got {_shown(var)}.")
         name = canonical_name(var.name)
         if name in found:
             raise ValueError(
@@ -182,3 +187,12 @@ def _add(found: dict, path: tuple, var: tf.Variable) -> None:
         n += 1
         name = f"{base}_{n}"
     found[name] = var
+
+
+def _shown(value: Any) -> str:
+    """A value in an error: its type and name or shape, never its contents."""
+    name = getattr(value, "path", None) or getattr(value, "name", None)
+    shape = getattr(value, "shape", None)
+    parts = [f"name {name!r}" if isinstance(name, str) else "", f"shape {shape}" if shape else ""]
+    details = ", ".join(p for p in parts if p)
+    return f"a {type(value).__name__}" + (f" ({details})" if details else f" {value!r:.60}")

@@ -56,9 +56,7 @@ class ParameterServer(VariableStrategy):
         check_bucket_bytes(bucket_bytes)
         self.bucket_bytes = bucket_bytes
         one = isinstance(devices, (str, tf.DeviceSpec, tf.config.LogicalDevice))
-        names = [canonical_device(devices)] if one else device_list(devices)
-        if not names:
-            raise ValueError("`devices` must name at least one device; got [].")
+        names = [canonical_device(devices)] if one else device_list(devices)  # not []
         self._load = dict.fromkeys(names, 0)
 
     @property

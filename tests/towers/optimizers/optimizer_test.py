@@ -96,6 +96,10 @@ class StateTest(tf.test.TestCase, parameterized.TestCase):
         for make, error, message in [
             (lambda: towers.Adam(beta_1=1.0), ValueError, r"`beta_1` must be .* in \[0, 1\)"),
             (lambda: towers.Adam(epsilon=0.0), ValueError, "`epsilon` must be a finite number > 0"),
+            # 0 in float32: a zero gradient's update was 0 / 0, NaN.
+            (lambda: towers.Adam(epsilon=1e-46), ValueError, "must stay > 0 in float32"),
+            (lambda: towers.RMSProp(epsilon=1e-46), ValueError, "must stay > 0 in float32"),
+            (lambda: towers.Adagrad(epsilon=1e-46), ValueError, "must stay > 0 in float32"),
             (lambda: towers.RMSProp(rho="x"), TypeError, "`rho` must be a finite number"),
             (lambda: towers.Adagrad(initial_accumulator_value=0), ValueError, "number > 0"),
             (lambda: towers.LARS(eta=0.0), ValueError, "`eta` must be a finite number > 0"),
@@ -167,6 +171,27 @@ class StateTest(tf.test.TestCase, parameterized.TestCase):
         for expected in (1.0, 2.0, 3.0):
             step()
             self.assertAllEqual(var, [expected, expected])
+
+    def test_adamw_can_exclude_vectors_whatever_their_name(self):
+        """GPT-style names ("ln_1") match neither "bias" nor "norm"; rank excludes them."""
+
+        class Block(tf.Module):
+            def __init__(self):
+                super().__init__(name="block")
+                self.ln_1 = tf.Module()
+                self.ln_1.gamma = tf.Variable(tf.ones([3]))
+                self.kernel = tf.Variable(tf.ones([3, 3]))
+
+        for below, vector in ((0, 1 - 0.1 * 0.5), (2, 1.0)):
+            block = Block()
+            optimizer = towers.AdamW(0.1, weight_decay=0.5, exclude_rank_below=below)
+            variables = [block.ln_1.gamma, block.kernel]
+            optimizer.build(block)
+            optimizer.apply_gradients([(tf.zeros_like(v), v) for v in variables])
+            self.assertAllClose(block.ln_1.gamma, [vector] * 3)
+            self.assertAllClose(block.kernel, tf.fill([3, 3], 1 - 0.1 * 0.5))
+        with self.assertRaisesRegex(ValueError, "`exclude_rank_below` must be an int >= 0"):
+            towers.AdamW(exclude_rank_below=-1)
 
     def test_a_rule_is_one_short_class(self):
         class SignSGD(towers.Optimizer):

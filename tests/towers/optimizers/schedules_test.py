@@ -40,7 +40,18 @@ class ScheduleTest(tf.test.TestCase, parameterized.TestCase):
         warm = schedules.LinearWarmup(10, cosine, initial=0.0)
         expected = [0.2 * s / 10 if s < 10 else float(cosine(s - 10)) for s in STEPS]
         self.assertAllClose(self._values(warm), expected)
-        self.assertAllClose(self._values(schedules.LinearWarmup(4, 0.5))[:3], [0.0, 0.125, 0.5])
+        # By default the first update moves (before: a rate of 0, an update doing nothing).
+        self.assertAllClose(self._values(schedules.LinearWarmup(4, 0.5))[:3], [0.125, 0.25, 0.5])
+        self.assertAllClose(
+            self._values(schedules.LinearWarmup(4, 0.5, initial=0.0))[:2], [0, 0.125]
+        )
+
+    def test_piecewise_boundaries_are_compared_exactly(self):
+        """Before: in float32, 16777217 > 16777216 was False."""
+        late = schedules.PiecewiseConstant([16777216], [1.0, 0.5])
+        self.assertEqual(float(late(tf.constant(16777216, tf.int64))), 1.0)
+        self.assertEqual(float(late(tf.constant(16777217, tf.int64))), 0.5)
+        self.assertEqual(float(late(16777217)), 0.5)
 
     def test_bad_arguments(self):
         for make, error, message in [
@@ -59,6 +70,16 @@ class ScheduleTest(tf.test.TestCase, parameterized.TestCase):
                 r"`alpha` must be a finite number in \[0, 1\]",
             ),
             (lambda: schedules.LinearWarmup(10, "fast"), TypeError, "`after` must be a"),
+            (
+                lambda: schedules.PiecewiseConstant(["a", "b"], [1.0, 0.5, 0.1]),
+                TypeError,
+                "`each boundary` must be an int >= 0; got 'a'",
+            ),
+            (
+                lambda: schedules.PiecewiseConstant([1.5], [1.0, 0.5]),
+                TypeError,
+                "`each boundary` must be an int",
+            ),
         ]:
             with self.assertRaisesRegex(error, message):
                 make()

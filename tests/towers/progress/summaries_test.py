@@ -1,13 +1,18 @@
 """Summaries once per step without tower prefixes, read back from the event files."""
 
+import contextlib
 import glob
+import io
 import os
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 import towers
 from tests import test_util
+from towers.progress import _step_timer
 
 
 def read_events(logdir):
@@ -67,14 +72,36 @@ class SummaryScalarTest(tf.test.TestCase):
 class StepTimerTest(tf.test.TestCase):
     def test_reports_speed_and_time_left_from_the_second_step(self):
         ticks = iter([10.0, 10.5, 11.0, 11.5, 12.0])  # the first call starts the clock
-        timer = towers.StepTimer(10, examples_per_step=64, every=2, clock=lambda: next(ticks))
-        with self.assertLogs(level="INFO") as logs:
-            reported = [timer.step_end(step) for step in range(1, 6)]
+        lines = []
+        timer = towers.StepTimer(
+            10, examples_per_step=64, every=2, clock=lambda: next(ticks), log=lines.append
+        )
+        reported = [timer.step_end(step) for step in range(1, 6)]
         self.assertEqual(reported, [False, True, False, True, False])
         self.assertEqual(timer.ms_per_step, 500.0)
         self.assertEqual(timer.examples_per_second, 128.0)
         self.assertEqual(timer.seconds_left, 3.0)  # 6 steps left at 0.5 s
-        self.assertIn("step 4/10: 500.00 ms/step, 128 examples/s, 0:00:03 left", logs.output[-1])
+        self.assertEqual(lines[-1], "step 4/10: 500.00 ms/step, 128 examples/s, 0:00:03 left")
+
+    def test_reports_reach_stderr_outside_absl_app_and_the_log_under_it(self):
+        """Before: outside absl.app, absl dropped the INFO lines: nothing was shown."""
+        for parsed in (False, True):
+            ticks = iter([0.0, 0.25])
+            timer = towers.StepTimer(every=1, clock=lambda: next(ticks))  # noqa: B023
+            stderr = io.StringIO()
+            with mock.patch.object(_step_timer, "_under_absl_app", return_value=parsed):
+                with contextlib.redirect_stderr(stderr), self.assertLogs(level="INFO") as logs:
+                    timer.step_end(1)
+                    timer.step_end(2)
+                    logging.warning("end")  # (assertLogs needs one record)
+            line = "step 2: 250.00 ms/step"
+            if parsed:
+                self.assertIn(line, logs.output[0])
+                self.assertNotIn(line, stderr.getvalue())
+            else:
+                self.assertEqual(stderr.getvalue(), line + "\n")
+        with self.assertRaisesRegex(TypeError, "`log` must be callable"):
+            towers.StepTimer(log="stderr")
 
     def test_a_restart_from_an_earlier_step_starts_the_clock_again(self):
         ticks = iter([0.0, 1.0, 2.0, 100.0, 101.0])

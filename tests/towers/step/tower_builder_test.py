@@ -88,8 +88,26 @@ class ReplicateTest(tf.test.TestCase, parameterized.TestCase):
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, "got 2 shards and 3 devices"):
             towers.replicate(tf.identity, [1, 2], test_util.devices(3))
-        with self.assertRaisesRegex(ValueError, "got 0 shards and 0 devices"):
+        with self.assertRaisesRegex(ValueError, "`devices` must name at least one device"):
             towers.replicate(tf.identity, [], [])
+        model = test_util.built_model()
+        for devices, message in (
+            ([], "`devices` must name at least one device"),  # before: "`num_splits` ... 0"
+            (
+                ["/job:worker/replica:0/task:3/device:CPU:0"],  # before: an error only when run
+                r"is not this process's \(alone\)",
+            ),
+        ):
+            with self.assertRaisesRegex(ValueError, message):
+                tf.function(
+                    lambda devices=devices: towers.train_step(
+                        test_util.loss_fn(model),
+                        model,
+                        towers.SGD(0.1),
+                        test_util.batch(4),
+                        devices,
+                    )
+                ).get_concrete_function()
         with self.assertRaisesRegex(
             ValueError, r"Device '/device:CPU:9' in `devices` does not exist"
         ):

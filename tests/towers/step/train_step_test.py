@@ -132,6 +132,41 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(model.w2, _initial(model, "w2"))
         self.assertNotAllClose(model.w1, _initial(model, "w1"))
 
+    @parameterized.parameters("ps", "replicated")
+    def test_the_hook_sees_slices_whose_norm_is_the_gradients(self, strategy):
+        """Before: repeated rows made tf.clip_by_global_norm measure 0.416 for 0.487."""
+        devices = test_util.devices(2)
+        if strategy == "replicated":
+            model = towers.Replicated(test_util.built_model, devices)
+            loss_fn = lambda b: test_util.loss_fn(model.local())(b)  # noqa: E731
+        else:
+            model = test_util.built_model()
+            loss_fn = test_util.loss_fn(model)
+        seen = []
+
+        def hook(grads, variables):
+            sparse = [g for g in grads if isinstance(g, tf.IndexedSlices)]
+            dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads]
+            seen.append(
+                (
+                    [tf.size(g.indices) - tf.size(tf.unique(g.indices)[0]) for g in sparse],
+                    tf.linalg.global_norm(grads),
+                    tf.linalg.global_norm(dense),
+                )
+            )
+            return grads
+
+        @tf.function
+        def step(batch):
+            towers.train_step(loss_fn, model, towers.SGD(0.1), batch, devices, gradient_hook=hook)
+            return seen[-1]
+
+        batch = test_util.batch(16)  # 32 ids from a small vocabulary: rows repeat
+        repeats, norm, dense_norm = step(batch)
+        self.assertNotEmpty(repeats)
+        self.assertEqual([int(r) for r in repeats], [0] * len(repeats))
+        self.assertAllClose(norm, dense_norm, rtol=1e-6)
+
     def test_gradient_hook_returning_the_wrong_count(self):
         model = test_util.Model()
         with self.assertRaisesRegex(ValueError, "must return a list of 5 gradients"):

@@ -107,6 +107,23 @@ class NamesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(towers.variable_list(model), 4)
 
 
+class DictTargetTest(tf.test.TestCase):
+    def test_a_dict_of_keras_variables_is_a_target(self):
+        """Before: a TypeError printing the whole value of the keras.Variable."""
+        layer = keras.layers.Dense(3)
+        layer.build((None, 2))
+        named = towers.named_variables({"k": layer.kernel, "b": layer.bias})
+        self.assertIs(named["k"], layer.kernel.value)
+        self.assertIsInstance(named["b"], tf.Variable)
+        big = tf.Variable(tf.zeros([1000]))
+        with self.assertRaisesRegex(TypeError, r"got 'k': a ndarray \(shape \(1000,\)\)\.$"):
+            towers.named_variables({"k": big.numpy()})
+        with self.assertRaisesRegex(
+            TypeError, r"hold only tf.Variable; got a \w*Tensor \(shape \(1000,\)\)"
+        ):
+            towers.named_variables([tf.zeros([1000])])
+
+
 class TrainTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.product(k=("keras", "tf_keras"), strategy=("ps", "replicated"))
     def test_four_towers_equal_a_hand_written_single_device_loop(self, k, strategy):
