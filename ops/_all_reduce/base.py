@@ -8,6 +8,18 @@ from towers.ops._device_scope import host_scope
 from towers.ops._tensorflow import tf
 
 REDUCTIONS = ("sum", "mean")
+# What TensorFlow's AddN adds on a GPU (int32 in host memory).
+_ADDED_ON_GPUS = (
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.complex64,
+    tf.complex128,
+    tf.int32,
+    tf.int64,
+    tf.uint32,
+)
 WIRE_DTYPES = (None, tf.float16, tf.bfloat16)
 
 
@@ -129,6 +141,12 @@ def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
     first = values[0]
     if not (first.dtype.is_floating or first.dtype.is_integer or first.dtype.is_complex):
         raise TypeError(f"All-reduce adds numbers; got {first.dtype.name} values.")
+    on_gpus = any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
+    if on_gpus and first.dtype not in _ADDED_ON_GPUS:
+        raise TypeError(
+            f"TensorFlow has no GPU kernel that adds {first.dtype.name} values (AddN); cast "
+            "them to int32 or int64 first."
+        )
     if reduction == "mean" and first.dtype.is_integer:
         raise TypeError(
             f"The mean of {first.dtype.name} values is not an integer in general; all-reduce "

@@ -124,6 +124,11 @@ class CollectiveAllReduce(AllReduce):
                 f"{', '.join(d.name for d in _DTYPES)}; got {values[0].dtype.name} values. Use "
                 "'ring' or 'reduce_broadcast' for them."
             )
+        if values[0].dtype == tf.int32 and any("GPU" in d.upper() for d in devices):
+            raise TypeError(
+                f"The {self.name!r} all-reduce does not add int32 on GPUs (TensorFlow keeps "
+                "int32 in host memory there); cast to int64, or use 'ring'."
+            )
         if len(set(devices)) != len(devices):
             raise ValueError(
                 f"The {self.name!r} all-reduce needs distinct devices, one value each; got "

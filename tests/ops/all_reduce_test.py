@@ -150,7 +150,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_nccl_refuses_cpus(self):
         with self.assertRaisesRegex(ValueError, "'nccl' all-reduce runs only on GPUs"):
-            ops.NcclAllReduce()([tf.ones([2])] * 2, test_util.devices(2))
+            ops.NcclAllReduce()([tf.ones([2])] * 2, ["/device:CPU:0", "/device:CPU:0"])
 
     def test_nccl_refuses_logical_gpus_of_one_gpu(self):
         """NCCL runs one rank per physical GPU: two logical GPUs of one would fail at run time."""
@@ -437,16 +437,42 @@ class ExactOrRefusedTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.parameters(*CPU_ALGORITHMS)
     def test_integer_sums_keep_their_dtype_and_value(self, algorithm):
+        on_gpus = test_util.KIND == "GPU"
         for dtype in (np.int8, np.uint8, np.int32, np.int64):
             values = [np.array([1, 2, 3], dtype) * (i + 1) for i in range(3)]
-            if algorithm == "collective" and dtype in (np.int8, np.uint8):
-                with self.assertRaisesRegex(TypeError, "Use 'ring' or 'reduce_broadcast'"):
+            refused = None
+            if on_gpus and dtype in (np.int8, np.uint8):  # no GPU kernel adds them
+                refused = "no GPU kernel that adds u?int8"
+            elif algorithm == "collective" and dtype in (np.int8, np.uint8):
+                refused = "Use 'ring' or 'reduce_broadcast'"
+            elif algorithm == "collective" and on_gpus and dtype == np.int32:
+                refused = "int32 on GPUs"
+            if refused:
+                with self.assertRaisesRegex(TypeError, refused):
                     _run(_algorithm(algorithm), values, test_util.devices(3))
                 continue
             out, _ = _run(_algorithm(algorithm), values, test_util.devices(3))
             for result in out:
                 self.assertEqual(result.dtype, dtype)
                 self.assertAllEqual(result, np.array([6, 12, 18], dtype))
+
+    @parameterized.parameters(*CPU_ALGORITHMS)
+    def test_what_gpus_cannot_add_is_refused_when_built(self, algorithm):
+        """Seen on the H200: int8 has no GPU AddN kernel, and the collective refuses int32
+        there at run time, after which every later collective of the process fails. (A v1
+        graph names GPUs without needing them: this runs anywhere.)"""
+        gpus = ["/device:GPU:0", "/device:GPU:1"]
+        with tf.Graph().as_default():
+            values = []
+            for device in gpus:
+                with tf.device(device):
+                    values.append(tf.constant([1, 2], tf.int8))
+            with self.assertRaisesRegex(TypeError, "no GPU kernel that adds int8"):
+                _algorithm(algorithm)(values, gpus)
+            if algorithm == "collective":
+                values = [tf.cast(v, tf.int32) for v in values]
+                with self.assertRaisesRegex(TypeError, "does not add int32 on GPUs"):
+                    _algorithm(algorithm)(values, gpus)
 
     @parameterized.parameters(*CPU_ALGORITHMS)
     def test_gradients_flow_through_every_algorithm(self, algorithm):
