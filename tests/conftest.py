@@ -15,6 +15,25 @@ def pytest_configure(config):
         from tests import test_util  # noqa: F401  (imported for its set-up)
 
 
+# Folders of long tests (processes, whole trainings), run first: two processes then finish
+# together, instead of one waiting out the other's last long test. The order never changes
+# a result: every test sets up what it needs.
+_LONG_FIRST = (
+    "tests/towers/workers/",
+    "tests/examples/",
+    "tests/towers/bench/",
+    "tests/towers/weights/",
+    "tests/public_api_test.py",
+)
+
+
 def pytest_collection_modifyitems(items):
-    """Drops `tf.test.TestCase.test_session`, a context manager pytest mistakes for a test."""
+    """Drops `tf.test.TestCase.test_session` (a context manager pytest mistakes for a test),
+    and runs the long tests first (the same order in every xdist worker)."""
     items[:] = [item for item in items if item.name != "test_session"]
+
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return next((i for i, p in enumerate(_LONG_FIRST) if path.startswith(p)), len(_LONG_FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, the collection order
