@@ -5,6 +5,7 @@ first. Run as a file, importing no package:
 
     python _guard.py [--private] LAUNCHER_PID -- COMMAND [ARGS...]
     python _guard.py --private --probe          # exit 0 if a private network can be made
+    python _guard.py --reap                     # process groups on stdin, killed if it ends
 
 The process asks the kernel for SIGKILL when the thread that started it ends (Linux's
 parent-death signal, kept across exec), checks that its launcher is still its parent, and
@@ -15,6 +16,11 @@ network namespace, so no other host or user reaches a server bound there to ever
 ids map onto themselves, so files keep their owner. Nothing outside is reachable from inside
 (no DNS, no downloads). Fails with exit code `UNAVAILABLE` and the reason on stderr before
 running anything.
+
+The parent-death signal reaches the workers, not processes they started themselves. So the
+launcher also starts one reaper, which reads the workers' process groups from a pipe: when the
+pipe ends without "done" (the launcher is gone, even SIGKILLed), it SIGKILLs every group,
+taking the workers' own children with them.
 """
 
 import ctypes
@@ -86,8 +92,25 @@ def _write(path: str, text: str) -> None:
         raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
 
 
+def reap(lines) -> int:
+    """SIGKILLs the process groups read from `lines` (one per line) unless "done" comes first."""
+    groups = []
+    for line in lines:
+        if line.strip() == "done":  # the launcher stopped its workers itself
+            return 0
+        groups.append(int(line))
+    for group in groups:  # the launcher is gone: the groups outlive it unless killed now
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """Parses `argv` as the usage above says, then execs the command (or probes)."""
+    """Parses `argv` as the usage above says, then execs the command (or probes, or reaps)."""
+    if argv[1:] == ["--reap"]:
+        return reap(sys.stdin)
     private, probe = "--private" in argv[1:3], "--probe" in argv[1:3]
     rest = [a for a in argv[1:] if a not in ("--private", "--probe")]
     try:

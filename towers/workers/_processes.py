@@ -120,15 +120,20 @@ def run(commands, envs, prefixes, timeout_seconds, out, err, grace=GRACE_SECONDS
     received: list[int] = []  # signals to the launcher
     previous = handle_stop_signals(lambda signum, frame: received.append(signum))
     procs, threads = [], []
+    reaper = _reaper()
     try:
         for command, env, prefix in zip(commands, envs, prefixes):
             # A new session is a new process group: killing it kills the worker's children too.
             procs.append(subprocess.Popen(command, env=env, **POPEN_ARGS))
+            reaper.stdin.write(f"{procs[-1].pid}\n")  # its group: the reaper's, if we die
+            reaper.stdin.flush()
             threads += [forward(procs[-1].stdout, out, prefix)]
             threads += [forward(procs[-1].stderr, err, prefix)]
         code, message = wait(procs, timeout_seconds, received)
     finally:
         stop(procs, grace, received[0] if relay and received else signal.SIGTERM)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            reaper.communicate("done\n", timeout=JOIN_SECONDS)  # stopped: nothing to reap
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         deadline = time.monotonic() + JOIN_SECONDS
@@ -136,6 +141,16 @@ def run(commands, envs, prefixes, timeout_seconds, out, err, grace=GRACE_SECONDS
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
     first = procs[0].returncode if procs else 0
     return code, message, (signal.Signals(-first).name if first and first < 0 else "")
+
+
+def _reaper() -> subprocess.Popen:
+    """`_guard.py --reap`: kills the workers' process groups if this launcher dies first."""
+    return subprocess.Popen(
+        [sys.executable, GUARD, "--reap"],
+        stdin=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a signal to the launcher's group does not reach it
+    )
 
 
 def private_network_unavailable() -> str:

@@ -37,6 +37,8 @@ if INDEX == 1:
             time.sleep(0.05)
 note(f"port{INDEX}", addresses[INDEX].rsplit(":", 1)[1])
 note(f"netns{INDEX}", os.environ.get("TOWERS_NETNS", "") + " " + os.readlink("/proc/self/ns/net"))
+child = subprocess.Popen(["sleep", "60"])  # a process of the worker's own
+note(f"child{INDEX}.pid", child.pid)
 note(f"worker{INDEX}.pid", os.getpid())
 time.sleep(60)
 """
@@ -85,9 +87,9 @@ class GuardTest(parameterized.TestCase):
 
     @parameterized.parameters("--network=host", "--network=auto")
     def test_a_sigkilled_launcher_leaves_no_worker_and_no_port(self, network):
-        """Before: both workers ran on under PID 1 with their ports open."""
+        """Before: both workers (and their children) ran on under PID 1, ports open."""
         launcher = self._start(network)
-        pids = [int(self._read(f"worker{i}.pid")) for i in (0, 1)]
+        pids = [int(self._read(f"{kind}{i}.pid")) for i in (0, 1) for kind in ("worker", "child")]
         ports = [int(self._read(f"port{i}")) for i in (0, 1)]
         self.assertTrue(all(map(_alive, pids)))
         if network == "--network=host":
