@@ -60,8 +60,8 @@ def apply_reduced(
         hook and the optimizer run only every `every` calls, on the mean.
       batch_size: This call's number of examples (needed with `accumulate`).
       state_updates: Callables building updates of state beside the weights (BatchNorm's
-        moving averages, deferred by `towers.deferred_state_updates`), built under the same
-        verdict: skipped with the step, or after its checks.
+        moving averages, which `train_step` defers to here), built under the same verdict:
+        skipped with the step, or after its checks.
 
     Returns:
       The updates (and the loss scale's and the accumulator's).

@@ -149,6 +149,38 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         self.assertEqual(float(accumulator.examples), 0.0)
 
+    def test_the_loss_scale_hears_of_every_bad_call(self):
+        """With accumulation, a bad micro-batch counts when it comes (before: only applying
+        calls were judged, on the mean, which the skipped call no longer poisons)."""
+        devices = test_util.devices(2)
+        model, accumulator, poison = _build(), towers.GradientAccumulator(every=3), tf.Variable(1.0)
+        scale = towers.LossScale()
+
+        def loss_fn(batch):
+            loss, logits = test_util.loss_fn(model)(batch)
+            return loss * poison, logits
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                loss_fn,
+                model,
+                towers.SGD(0.5),
+                batch,
+                devices,
+                accumulate=accumulator,
+                loss_scale=scale,
+            )
+
+        step(test_util.batch(4))
+        poison.assign(np.nan)
+        step(test_util.batch(4, seed=1))
+        self.assertEqual(int(scale.skipped_steps), 1)  # at the call itself, not applying
+        poison.assign(1.0)
+        step(test_util.batch(4, seed=2))
+        self.assertEqual(int(scale.skipped_steps), 1)
+        self.assertEqual(float(accumulator.examples), 0.0)
+
     def test_a_bad_micro_batch_raises_at_its_call_and_adds_nothing(self):
         devices = test_util.devices(2)
         model, accumulator, poison = _build(), towers.GradientAccumulator(every=2), tf.Variable(1.0)
