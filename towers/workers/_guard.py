@@ -111,8 +111,11 @@ def main(argv: list[str]) -> int:
     """Parses `argv` as the usage above says, then execs the command (or probes, or reaps)."""
     if argv[1:] == ["--reap"]:
         return reap(sys.stdin)
-    private, probe = "--private" in argv[1:3], "--probe" in argv[1:3]
-    rest = [a for a in argv[1:] if a not in ("--private", "--probe")]
+    options = 0  # the leading options only: the command's own arguments are its own
+    while options < 2 and argv[1 + options : 2 + options] in (["--private"], ["--probe"]):
+        options += 1
+    private, probe = "--private" in argv[1 : 1 + options], "--probe" in argv[1 : 1 + options]
+    rest = argv[1 + options :]
     try:
         if private:
             enter_private_network()

@@ -148,6 +148,11 @@ class GuardTest(parameterized.TestCase):
             done = subprocess.run(_processes.guarded(command), timeout=20, check=False)
             self.assertEqual(done.returncode, 0)
             self.assertTrue(os.path.exists(mark))
+            echo = [sys.executable, "-c", "import sys; print(sys.argv[1:])", "--private", "x"]
+            done = subprocess.run(
+                _processes.guarded(echo), capture_output=True, text=True, timeout=20, check=False
+            )
+            self.assertEqual(done.stdout.strip(), "['--private', 'x']")  # the command's own
 
     def test_a_private_network_needs_one_thread(self):
         """In a process where threads run already (this one: TensorFlow's), it refuses."""
