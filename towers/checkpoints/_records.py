@@ -158,7 +158,12 @@ def _read_record(path: str) -> Record | None:
         record = Record(**fields)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-    return record if _names_its_own_files(record) else None
+    if _names_its_own_files(record):
+        return record
+    what = f"weights {record.weights!r}, state {record.state!r}"
+    logging.warning("Checkpoint record %s names files that are not its own (%s): left alone, "
+                    "neither read nor deleted.", path, what)  # fmt: skip
+    return None
 
 
 def _names_its_own_files(record: Record) -> bool:

@@ -70,7 +70,11 @@ class HostileDirectoryTest(tf.test.TestCase):
                  state="ckpt-00000002.state.npz", value=None, monitor=None, complete=True),
         )  # fmt: skip
         model = _model(0.0)
-        with towers.CheckpointManager(self.run_dir, model) as manager:
+        with self.assertLogs(level="WARNING") as logs:
+            manager = towers.CheckpointManager(self.run_dir, model)
+        self.assertIn("ckpt-00000002.json names files that are not its own", logs.output[0])
+        self.assertIn("'../victim.npz'", logs.output[0])
+        with manager:
             self.assertEqual(manager.steps, [1, 2])  # step 2 is found by its files' names
             self.assertEqual(manager.restore_latest(), 2)
         self.assertAllEqual(model["w"], [1.0, 1.0, 1.0])  # its own weights, not the victim's
