@@ -47,6 +47,31 @@ def _normed_step(model, devices, nonfinite, local=None):
     return step
 
 
+def _poisonable(strategy, every, **options):
+    """(model, accumulator, poison, step): an accumulating step whose loss is times `poison`
+    (assign NaN to make a call's gradients bad)."""
+    devices = test_util.devices(2)
+    if strategy == "replicated":
+        model = towers.Replicated(_build, devices)
+        local = model.local
+    else:
+        model = _build()
+        local = lambda: model  # noqa: E731
+    accumulator, poison = towers.GradientAccumulator(every=every), tf.Variable(1.0)
+
+    def loss_fn(batch):
+        loss, logits = test_util.loss_fn(local())(batch)
+        return loss * poison, logits
+
+    @tf.function
+    def step(batch):
+        return towers.train_step(
+            loss_fn, model, towers.SGD(0.5), batch, devices, accumulate=accumulator, **options
+        )
+
+    return model, accumulator, poison, step
+
+
 class _Scaled(towers.schedules.Schedule):
     """A schedule of the user's: a variable times (1 + step)."""
 
@@ -107,32 +132,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.parameters("ps", "replicated")
     def test_a_bad_micro_batch_is_left_out_of_the_sums(self, strategy):
-        devices = test_util.devices(2)
-        if strategy == "replicated":
-            model = towers.Replicated(_build, devices)
-            local = model.local
-        else:
-            model = _build()
-            local = lambda: model  # noqa: E731
-        accumulator = towers.GradientAccumulator(every=3)
-        poison = tf.Variable(1.0)
-
-        def loss_fn(batch):
-            loss, logits = test_util.loss_fn(local())(batch)
-            return loss * poison, logits
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                loss_fn,
-                model,
-                towers.SGD(0.5),
-                batch,
-                devices,
-                accumulate=accumulator,
-                nonfinite="skip",
-            )
-
+        model, accumulator, poison, step = _poisonable(strategy, 3, nonfinite="skip")
         batches = [test_util.batch(n, seed=i) for i, n in enumerate((5, 7, 4))]
         step(batches[0])
         poison.assign(np.nan)
@@ -152,26 +152,8 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
     def test_the_loss_scale_hears_of_every_bad_call(self):
         """With accumulation, a bad micro-batch counts when it comes (before: only applying
         calls were judged, on the mean, which the skipped call no longer poisons)."""
-        devices = test_util.devices(2)
-        model, accumulator, poison = _build(), towers.GradientAccumulator(every=3), tf.Variable(1.0)
         scale = towers.LossScale()
-
-        def loss_fn(batch):
-            loss, logits = test_util.loss_fn(model)(batch)
-            return loss * poison, logits
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                loss_fn,
-                model,
-                towers.SGD(0.5),
-                batch,
-                devices,
-                accumulate=accumulator,
-                loss_scale=scale,
-            )
-
+        _, accumulator, poison, step = _poisonable("ps", 3, loss_scale=scale)
         step(test_util.batch(4))
         poison.assign(np.nan)
         step(test_util.batch(4, seed=1))
@@ -182,24 +164,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(float(accumulator.examples), 0.0)
 
     def test_a_bad_micro_batch_raises_at_its_call_and_adds_nothing(self):
-        devices = test_util.devices(2)
-        model, accumulator, poison = _build(), towers.GradientAccumulator(every=2), tf.Variable(1.0)
-
-        def loss_fn(batch):
-            loss, logits = test_util.loss_fn(model)(batch)
-            return loss * poison, logits
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                loss_fn,
-                model,
-                towers.SGD(0.5),
-                batch,
-                devices,
-                accumulate=accumulator,
-                nonfinite="raise",
-            )
+        _, accumulator, poison, step = _poisonable("ps", 2, nonfinite="raise")
 
         poison.assign(np.nan)
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "accumulated sums"):
