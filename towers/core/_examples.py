@@ -7,7 +7,7 @@ reads it, so that an example's noise does not depend on how the batch was split.
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -22,28 +22,28 @@ def first_example() -> Any:
     """The global index of the first example being built: 0 outside towers.
 
     Returns:
-      An int when every offset is static, else a scalar int64 tensor.
+      An int when every size before it is static, else a scalar int64 tensor.
     """
     total: Any = 0
-    for offset in getattr(_local, "offsets", ()):
-        offset = offset() if callable(offset) else offset
-        if isinstance(total, int) and isinstance(offset, int):
-            total += offset
-        else:
-            total = tf.cast(total, tf.int64) + tf.cast(offset, tf.int64)
+    for before in getattr(_local, "offsets", ()):
+        for size in before() if callable(before) else before:
+            if isinstance(total, int) and isinstance(size, int):
+                total += size
+            else:
+                total = tf.cast(total, tf.int64) + tf.cast(size, tf.int64)
     return total
 
 
 @contextlib.contextmanager
-def examples_from(offset: int | tf.Tensor | Callable[[], Any]) -> Iterator[None]:
-    """Within: the examples being built start `offset` examples after the enclosing ones.
+def examples_from(before: Sequence[Any] | Callable[[], Sequence[Any]]) -> Iterator[None]:
+    """Within: the examples being built come after `before` more examples than the enclosing.
 
     Args:
-      offset: An int, a scalar integer tensor, or a callable giving one when it is needed
-        (computed only where something reads it).
+      before: The sizes (ints or scalar integer tensors) of the parts before these, or a
+        callable giving them when they are needed (computed only where something reads it).
     """
     offsets = _local.__dict__.setdefault("offsets", [])
-    offsets.append(offset)
+    offsets.append(before)
     try:
         yield
     finally:

@@ -63,7 +63,7 @@ def in_micro_batches(
         if before:
             with tf.control_dependencies(before):
                 part = tf.nest.map_structure(tf.identity, part)
-        with examples_from(_before(sizes, k)):  # where the part's examples sit in the batch
+        with examples_from(sizes[:k]):  # where the part's examples sit in the batch
             loss, out, grads = one_pass(part)
         losses.append(loss)
         outputs.append(out)
@@ -74,13 +74,6 @@ def in_micro_batches(
     loss = ops.merge_outputs(losses, "mean", weights=sizes)
     merged = None if outputs[0] is None else ops.merge_outputs(outputs, merge, weights=sizes)
     return loss, merged, [_cast_back(t, g) for t, g in zip(total, grads)]
-
-
-def _before(sizes: list, k: int) -> Any:
-    """How many examples the parts before part k hold."""
-    if all(isinstance(n, int) for n in sizes[:k]):
-        return sum(sizes[:k])
-    return tf.add_n([tf.cast(n, tf.int64) for n in sizes[:k]])
 
 
 def _added(total: list | None, grads: list, weight: Any) -> list:
