@@ -141,8 +141,7 @@ def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
     first = values[0]
     if not (first.dtype.is_floating or first.dtype.is_integer or first.dtype.is_complex):
         raise TypeError(f"All-reduce adds numbers; got {first.dtype.name} values.")
-    on_gpus = any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
-    if on_gpus and first.dtype not in _ADDED_ON_GPUS:
+    if on_gpus(devices) and first.dtype not in _ADDED_ON_GPUS:
         raise TypeError(
             f"TensorFlow has no GPU kernel that adds {first.dtype.name} values (AddN); cast "
             "them to int32 or int64 first."
@@ -190,6 +189,11 @@ def _same_shapes_at_run_time(values: list, devices: list) -> list:
         with tf.device(device), tf.control_dependencies(checks):
             out.append(tf.identity(value))
     return out
+
+
+def on_gpus(devices: Sequence[str]) -> bool:
+    """Whether any of `devices` is a GPU."""
+    return any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
 
 
 def check_wire_dtype(wire_dtype: tf.DType | None) -> None:

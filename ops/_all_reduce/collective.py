@@ -3,7 +3,7 @@
 import functools
 import itertools
 
-from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._all_reduce.base import AllReduce, on_gpus, to_wire
 from towers.ops._arguments import check_int, check_number
 from towers.ops._collectives import ALL_REDUCE, random_group_key, reduce_on
 from towers.ops._tensorflow import tf
@@ -124,7 +124,7 @@ class CollectiveAllReduce(AllReduce):
                 f"{', '.join(d.name for d in _DTYPES)}; got {values[0].dtype.name} values. Use "
                 "'ring' or 'reduce_broadcast' for them."
             )
-        if values[0].dtype == tf.int32 and any("GPU" in d.upper() for d in devices):
+        if values[0].dtype == tf.int32 and on_gpus(devices):
             raise TypeError(
                 f"The {self.name!r} all-reduce does not add int32 on GPUs (TensorFlow keeps "
                 "int32 in host memory there); cast to int64, or use 'ring'."

@@ -30,13 +30,13 @@ from typing import TextIO
 from absl import app, flags
 
 if __package__:
-    from towers.workers import _processes
+    from towers.workers import _guard, _processes
 else:  # run as a file (`python launch.py`): no package, so no TensorFlow; its folder is on the path
+    import _guard
     import _processes
 
 TIMEOUT_EXIT_CODE = _processes.TIMEOUT_EXIT_CODE
 NETWORKS = ("auto", "private", "host")
-_UNAVAILABLE = 75  # as `_guard.UNAVAILABLE`: no private network here
 
 
 def free_ports(n: int) -> list[int]:
@@ -149,7 +149,7 @@ def launch(
                 err(f"[launch] the launcher in the private network was killed by {killed}.\n")
             return code
         if network == "private":
-            raise OSError(_UNAVAILABLE, f"--network=private: {unavailable}")
+            raise OSError(_guard.UNAVAILABLE, f"--network=private: {unavailable}")
         err(
             f"[launch] {unavailable}; the workers use the host's network, where their servers "
             "listen on every interface, unauthenticated (README: Several workers). Pass "
@@ -257,7 +257,7 @@ def main(argv: list[str], launch_flags: Sequence[flags.FlagHolder]) -> int:
         raise app.UsageError(str(e)) from e
     except OSError as e:  # --network=private where none can be made
         print(f"[launch] {e.strerror}", file=sys.stderr)
-        return _UNAVAILABLE
+        return _guard.UNAVAILABLE
 
 
 def run(argv: Sequence[str]) -> None:
