@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.core import as_caller_would, user_code_entry
+from towers.core import as_caller_would, library_code, user_code_entry
 from towers.ops.internal import check_int, check_number
 
 
@@ -87,16 +87,9 @@ class PiecewiseConstant(Schedule):
         if any(b >= c for b, c in zip(self.boundaries, self.boundaries[1:])):
             raise ValueError(f"`boundaries` must increase; got {self.boundaries}.")
 
-    @user_code_entry
+    @library_code
     def __call__(self, step: Any) -> tf.Tensor:
-        """The rate at `step` updates done, the step compared as an int64 (exact past 2**24).
-
-        Args:
-          step: The number of updates done.
-
-        Returns:
-          A float32 scalar tensor.
-        """
+        """See `Schedule.__call__`; the step is compared as an int64 (exact past 2**24)."""
         step = tf.cast(step, tf.int64)
         passed = (
             tf.reduce_sum(tf.cast(step > tf.constant(self.boundaries, tf.int64), tf.int32))
