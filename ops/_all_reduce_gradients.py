@@ -7,7 +7,7 @@ from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
 from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec, unpack
-from towers.ops._slices import densified
+from towers.ops._slices import deduplicated, densified
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import (
@@ -48,9 +48,11 @@ def all_reduce_gradients(
       weights are divided by the sum of every tower's weight: packed buckets carry it in
       their sum (one element more, no extra all-reduce); without packing, or with
       `wire_dtype`, it is all-reduced first. Without weights the mean is over the group.
-    * `tf.IndexedSlices` are gathered from every tower (`sparse="gather"`), staying sparse, or
-      made dense first (`sparse="dense"`). A mix of sparse and dense becomes dense, and so do
-      slices when `algorithm`'s group reaches beyond `devices` (other workers').
+    * `tf.IndexedSlices` are gathered from every tower (`sparse="gather"`), staying sparse
+      with each row once (repeated rows summed once, on the first device, so every device
+      gets the same bits), or made dense first (`sparse="dense"`). A mix of sparse and
+      dense becomes dense, and so do slices when `algorithm`'s group reaches beyond
+      `devices` (other workers').
     * float16/bfloat16 gradients are reduced in float32; `wire_dtype` instead sends float32
       values as float16/bfloat16 between devices (the plain-op algorithms still add in
       float32). Each tower's gradient is scaled by its weight before it is cast (partial
@@ -251,19 +253,28 @@ def _wire(value: tf.Tensor, wire_dtype):
 
 
 def _gather_slices(column: list, devices: list, weights: list) -> list[tf.IndexedSlices]:
-    """Every tower's scaled slices, concatenated, on each device."""
+    """Every tower's scaled slices, gathered once with each row once, copied to each device.
+
+    The repeated rows are summed on the first device only: GPU kernels that add repeated rows
+    (`unsorted_segment_sum`, scatters) add them in a run-dependent order, so devices summing
+    them each would leave the replicated copies apart by an ulp. Rows arriving unique make
+    every later use (the dense gradient, a scatter, the hook's rows) the same on every device.
+    """
     scaled = []
     for grad, device, weight in zip(column, devices, weights):
         with tf.device(device):
             scaled.append((scale(grad.values, weight), grad.indices))
+    with tf.device(devices[0]):
+        gathered = deduplicated(
+            tf.IndexedSlices(
+                values=tf.concat([tf.identity(v) for v, _ in scaled], axis=0),
+                indices=tf.concat([tf.identity(i) for _, i in scaled], axis=0),
+                dense_shape=column[0].dense_shape,
+            )
+        )
     out = []
     for device in devices:
         with tf.device(device):
-            out.append(
-                tf.IndexedSlices(
-                    values=tf.concat([tf.identity(v) for v, _ in scaled], axis=0),
-                    indices=tf.concat([tf.identity(i) for _, i in scaled], axis=0),
-                    dense_shape=column[0].dense_shape,
-                )
-            )
+            values, indices = tf.identity(gathered.values), tf.identity(gathered.indices)
+            out.append(tf.IndexedSlices(values, indices, gathered.dense_shape))
     return out

@@ -22,8 +22,9 @@ training program needs none of it. It is the one door through which `towers` rea
 - Arguments: `check_int`, `check_number` (finite), `check_bool`: a `TypeError` for a wrong
   type, a `ValueError` for a value out of range, one wording everywhere.
 - Control: `update_ops` (the ops in nested update results, for a control dependency).
-- Placement: `device_scope` (a device, or the caller's scope for None) and `host_scope` (the
-  CPU beside the device in scope, for ops without a GPU kernel).
+- Placement: `device_scope` (a device, or the caller's scope for None), `host_scope` (the
+  CPU beside the device in scope, for ops without a GPU kernel) and `has_kernel` (whether
+  TensorFlow has a kernel for an op and its dtypes on a kind of device).
 """
 
 from towers.ops._all_reduce.base import spread, sum_on
@@ -45,6 +46,7 @@ from towers.ops._collectives import (
     trace_count,
 )
 from towers.ops._device_scope import device_scope, host_scope
+from towers.ops._kernels import has_kernel
 from towers.ops._packing import check_bucket_bytes
 from towers.ops._slices import deduplicated, densified
 from towers.ops._tower_grads import Gradient
@@ -71,6 +73,7 @@ __all__ = [
     "derived_instance_key",
     "device_scope",
     "graph_state",
+    "has_kernel",
     "host_scope",
     "library_code",
     "normalized_weights",

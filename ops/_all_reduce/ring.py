@@ -1,6 +1,7 @@
 """Ring all-reduce from plain ops: reduce-scatter, then all-gather."""
 
 from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._kernels import has_kernel
 from towers.ops._tensorflow import tf
 
 
@@ -28,7 +29,7 @@ class RingAllReduce(AllReduce):
                 flat = tf.reshape(value, [-1])
                 n = tf.size(flat)
                 sizes = n // k + tf.cast(tf.range(k) < n % k, n.dtype)
-                chunks.append(tf.split(flat, sizes, num=k))
+                chunks.append(_chunks(flat, sizes, k, device))
         sums = []
         for c in range(k):
             first = (c + 1) % k
@@ -45,3 +46,14 @@ class RingAllReduce(AllReduce):
                 gathered = tf.concat([tf.cast(tf.identity(s), dtype) for s in sums], axis=0)
                 out.append(tf.reshape(gathered, shape))
         return out
+
+
+def _chunks(flat: tf.Tensor, sizes: tf.Tensor, k: int, device: str) -> list[tf.Tensor]:
+    """`flat` cut into K chunks of `sizes`: one split, or K slices where no split runs.
+
+    A GPU has no `SplitV` kernel for int64 (nor other integers but int32); slices run there.
+    """
+    if has_kernel("SplitV", device, T=flat.dtype):
+        return tf.split(flat, sizes, num=k)
+    ends = tf.cumsum(sizes)
+    return [flat[ends[c] - sizes[c] : ends[c]] for c in range(k)]

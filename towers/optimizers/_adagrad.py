@@ -5,6 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_number
+from towers.optimizers import _fused as fused
 from towers.optimizers._checks import check_epsilon
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
@@ -53,13 +54,8 @@ class Adagrad(Optimizer):
         step: tf.Tensor,
     ) -> Any:
         """See `Optimizer.update`."""
-        return tf.raw_ops.ResourceApplyAdagradV2(
-            var=var.handle,
-            accum=slots["accumulator"].handle,
-            lr=lr,
-            epsilon=tf.cast(self.epsilon, var.dtype),
-            grad=grad,
-        )
+        epsilon = tf.cast(self.epsilon, var.dtype)
+        return fused.adagrad(var, slots["accumulator"], lr, epsilon, grad)
 
     def update_sparse(
         self,
@@ -70,11 +66,5 @@ class Adagrad(Optimizer):
         step: tf.Tensor,
     ) -> Any:
         """Rows only; see `Optimizer.update_sparse`."""
-        return tf.raw_ops.ResourceSparseApplyAdagradV2(
-            var=var.handle,
-            accum=slots["accumulator"].handle,
-            lr=lr,
-            epsilon=tf.cast(self.epsilon, var.dtype),
-            grad=grad.values,
-            indices=grad.indices,
-        )
+        epsilon = tf.cast(self.epsilon, var.dtype)
+        return fused.sparse_adagrad(var, slots["accumulator"], lr, epsilon, grad)

@@ -6,6 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_int, check_number
+from towers.optimizers import _fused as fused
 from towers.optimizers._checks import check_decays_representable, check_epsilon
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
@@ -56,18 +57,8 @@ class Adam(Optimizer):
         """See `Optimizer.update`."""
         check_decays_representable(var, beta_1=self.beta_1, beta_2=self.beta_2)
         b1, b2 = tf.cast(self.beta_1, var.dtype), tf.cast(self.beta_2, var.dtype)
-        return tf.raw_ops.ResourceApplyAdam(
-            var=var.handle,
-            m=slots["m"].handle,
-            v=slots["v"].handle,
-            beta1_power=tf.pow(b1, step),
-            beta2_power=tf.pow(b2, step),
-            lr=lr,
-            beta1=b1,
-            beta2=b2,
-            epsilon=tf.cast(self.epsilon, var.dtype),
-            grad=grad,
-        )
+        epsilon = tf.cast(self.epsilon, var.dtype)
+        return fused.adam(var, slots["m"], slots["v"], lr, b1, b2, epsilon, step, grad)
 
 
 class AdamW(Adam):

@@ -5,6 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_bool, check_number
+from towers.optimizers import _fused as fused
 from towers.optimizers._checks import check_epsilon
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
@@ -57,16 +58,5 @@ class RMSProp(Optimizer):
         step: tf.Tensor,
     ) -> Any:
         """See `Optimizer.update`."""
-        common = dict(
-            var=var.handle,
-            ms=slots["ms"].handle,
-            mom=slots["mom"].handle,
-            lr=lr,
-            rho=tf.cast(self.rho, var.dtype),
-            momentum=tf.cast(self.momentum, var.dtype),
-            epsilon=tf.cast(self.epsilon, var.dtype),
-            grad=grad,
-        )
-        if self.centered:
-            return tf.raw_ops.ResourceApplyCenteredRMSProp(mg=slots["mg"].handle, **common)
-        return tf.raw_ops.ResourceApplyRMSProp(**common)
+        rho, mu = tf.cast(self.rho, var.dtype), tf.cast(self.momentum, var.dtype)
+        return fused.rmsprop(var, slots, lr, rho, mu, tf.cast(self.epsilon, var.dtype), grad)

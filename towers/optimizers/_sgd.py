@@ -5,6 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_bool, check_number
+from towers.optimizers import _fused as fused
 from towers.optimizers._optimizer import LearningRate, Optimizer
 
 
@@ -14,7 +15,8 @@ class SGD(Optimizer):
     `w -= lr g`; with momentum `m = mu m + g; w -= lr m` (Nesterov: `w -= lr (g + mu m)`).
 
     TensorFlow's fused kernels (`ResourceApplyGradientDescent`, `ResourceApplyMomentum`), one
-    op per variable, on its device. Sparse gradients update only their rows without momentum
+    op per variable, on its device (plain ops where the device has no such kernel: bfloat16
+    on a GPU). Sparse gradients update only their rows without momentum
     (exact: other rows get no change); with momentum every row's momentum decays, so they
     are made dense.
 
@@ -57,15 +59,9 @@ class SGD(Optimizer):
     ) -> Any:
         """See `Optimizer.update`."""
         if not self.momentum:
-            return tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
-        return tf.raw_ops.ResourceApplyMomentum(
-            var=var.handle,
-            accum=slots["momentum"].handle,
-            lr=lr,
-            grad=grad,
-            momentum=tf.cast(self.momentum, var.dtype),
-            use_nesterov=self.nesterov,
-        )
+            return fused.gradient_descent(var, lr, grad)
+        mu = tf.cast(self.momentum, var.dtype)
+        return fused.momentum(var, slots["momentum"], lr, grad, mu, self.nesterov)
 
     def update_sparse(
         self,

@@ -1,3 +1,4 @@
+import contextlib
 from unittest import mock
 
 import tensorflow as tf
@@ -5,25 +6,33 @@ import tensorflow as tf
 import towers
 from tests import test_util
 
+CPUS = [f"/device:CPU:{i}" for i in range(test_util.NUM_DEVICES)]
+GPU_TIER = test_util.KIND == "GPU"  # 8 logical GPUs beside the 8 CPUs
+
 
 class ListDevicesTest(tf.test.TestCase):
-    def test_cpu_logical_devices_when_there_is_no_gpu(self):
+    def test_gpus_when_there_are_any_else_the_cpu_logical_devices(self):
         self.assertEqual(towers.list_devices(), test_util.devices(test_util.NUM_DEVICES))
-        self.assertEqual(towers.list_devices("cpu"), towers.list_devices())
+        self.assertEqual(towers.list_devices("cpu"), CPUS)
+        if not GPU_TIER:
+            self.assertEqual(towers.list_devices(), CPUS)
 
     def test_num_takes_the_first_devices(self):
         self.assertEqual(towers.list_devices(num=3), test_util.devices(3))
+        self.assertEqual(towers.list_devices("CPU", num=2), CPUS[:2])
 
     def test_more_devices_than_exist_lists_what_exists(self):
+        kind = test_util.KIND
         with self.assertRaisesRegex(
-            ValueError, r"Asked for 9 CPU devices but only 8 exist: \['/device:CPU:0'.*simulate"
+            ValueError, rf"Asked for 9 {kind} devices but only 8 exist: \['/device:{kind}:0'.*simul"
         ):
             towers.list_devices(num=9)
 
-    def test_no_gpus_here(self):
-        self.assertEqual(towers.list_devices("GPU"), [])
-        with self.assertRaisesRegex(ValueError, "Asked for 1 GPU devices but only 0 exist"):
-            towers.list_devices("GPU", num=1)
+    def test_gpus_of_this_tier(self):
+        self.assertEqual(towers.list_devices("GPU"), test_util.devices(8) if GPU_TIER else [])
+        if not GPU_TIER:
+            with self.assertRaisesRegex(ValueError, "Asked for 1 GPU devices but only 0 exist"):
+                towers.list_devices("GPU", num=1)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(
@@ -50,10 +59,13 @@ class SimulateDevicesTest(tf.test.TestCase):
             towers.simulate_devices(2, "GPU")
 
     def test_missing_physical_device(self):
-        with self.assertRaisesRegex(
-            ValueError, "No physical GPU device to split; this machine has"
-        ):
-            towers.simulate_devices(2, "GPU", memory_limit_mb=1024)
+        """The CPU tier has no GPU (hidden); the GPU tier's is hidden from the call here."""
+        none = mock.patch.object(tf.config, "list_physical_devices", return_value=[])
+        with none if GPU_TIER else contextlib.nullcontext():
+            with self.assertRaisesRegex(
+                ValueError, "No physical GPU device to split; this machine has"
+            ):
+                towers.simulate_devices(2, "GPU", memory_limit_mb=1024)
 
     def test_bad_num(self):
         for num, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)):

@@ -183,7 +183,8 @@ class SyncTest(tf.test.TestCase, parameterized.TestCase):
             collectives = [
                 op
                 for op in tf.compat.v1.get_default_graph().get_operations()
-                if op.type == "CollectiveReduceV2" and op.device.endswith("CPU:1")
+                if op.type == "CollectiveReduceV2"
+                and test_util.local_device(op.device) == test_util.devices(3)[1]
             ]
         # Tower 1's exchanges (forward, then backward) each wait for the one before.
         self.assertGreaterEqual(len(collectives), 2)

@@ -47,10 +47,10 @@ class ParameterServerTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(list(strategy.load().values()), [32, 16])
 
     def test_a_device_that_does_not_exist_is_an_error_when_towers_are_built(self):
-        strategy = towers.ParameterServer(devices=["/cpu:0", "/gpu:3"])
+        strategy = towers.ParameterServer(devices=["/cpu:0", "/gpu:9"])  # 8 in the GPU tier
         model = test_util.Model()
         with self.assertRaisesRegex(
-            ValueError, r"'/device:GPU:3' in `ParameterServer\(devices=...\)` does not exist"
+            ValueError, r"'/device:GPU:9' in `ParameterServer\(devices=...\)` does not exist"
         ):
             towers.train_step(
                 test_util.loss_fn(model),
@@ -112,7 +112,8 @@ class ParameterServerTest(tf.test.TestCase, parameterized.TestCase):
         towers_ = test_util.devices(5)[1:]
 
         def crossings(strategy):
-            model = Wide()
+            with tf.device("/cpu:0"):  # where the default strategy keeps them (not GPU:0)
+                model = Wide()
 
             @tf.function
             def step(x):
