@@ -41,12 +41,16 @@ IMAGE, CHANNELS, CLASSES = 32, 3, 10
 class ConvNet(tf.Module):
     """conv5x5(16) - relu - maxpool - conv3x3(32) - relu - maxpool - global mean - dense(10)."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, dtype: tf.DType = tf.float32):
         super().__init__(name="convnet")
-        self.conv1 = tf.Variable(glorot([5, 5, CHANNELS, 16], seed, 1), name="conv1")
-        self.conv2 = tf.Variable(glorot([3, 3, 16, 32], seed, 2), name="conv2")
-        self.dense = tf.Variable(glorot([32, CLASSES], seed, 3), name="dense")
-        self.bias = tf.Variable(tf.zeros([CLASSES]), name="bias")
+
+        def init(shape, i):
+            return tf.cast(glorot(shape, seed, i), dtype)
+
+        self.conv1 = tf.Variable(init([5, 5, CHANNELS, 16], 1), name="conv1")
+        self.conv2 = tf.Variable(init([3, 3, 16, 32], 2), name="conv2")
+        self.dense = tf.Variable(init([32, CLASSES], 3), name="dense")
+        self.bias = tf.Variable(tf.zeros([CLASSES], dtype), name="bias")
 
     def __call__(self, images: tf.Tensor) -> tf.Tensor:
         """Logits [batch, CLASSES] for images [batch, 32, 32, 3]."""
@@ -96,7 +100,11 @@ class TrainGraph:
 
 
 def build_graph(
-    devices: list[str], learning_rate: float, seed: int = 0, stages: bool = False
+    devices: list[str],
+    learning_rate: float,
+    seed: int = 0,
+    stages: bool = False,
+    dtype: tf.DType = tf.float32,
 ) -> TrainGraph:
     """Builds placeholders, the model, one tower per device and the update in a new v1 graph.
 
@@ -106,6 +114,8 @@ def build_graph(
       seed: Initial weights.
       stages: Build the step stage by stage (split, replicate, average, apply) instead of
         with `towers.train_step`; the graph computes the same values.
+      dtype: The model's and the images' dtype (float64 to compare runs past float32's
+        round-off, which ReLUs and max-pools can amplify).
 
     Returns:
       A `TrainGraph`. Running `train_op` runs one step and returns the new global step.
@@ -113,9 +123,9 @@ def build_graph(
     graph = tf.Graph()
     with graph.as_default():
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        images = tf.compat.v1.placeholder(tf.float32, [None, IMAGE, IMAGE, CHANNELS], "images")
+        images = tf.compat.v1.placeholder(dtype, [None, IMAGE, IMAGE, CHANNELS], "images")
         labels = tf.compat.v1.placeholder(tf.int32, [None], "labels")
-        model = ConvNet(seed)  # variables made outside the towers: the parameter server's CPU
+        model = ConvNet(seed, dtype)  # made outside the towers: the parameter server's CPU
         optimizer = towers.SGD(learning_rate)
         loss_fn = functools.partial(tower_loss, model)
         if stages:
@@ -152,11 +162,12 @@ def train(
     checkpoint_dir: str | None = None,
     save_every: int = 0,
     log_every: int = 0,
+    dtype: tf.DType = tf.float32,
 ) -> dict:
     """Trains in a v1 Session until the global step reaches `steps`.
 
     With `checkpoint_dir`, resumes from its latest checkpoint, saves one every `save_every`
-    steps and at the end (the last 3 are kept).
+    steps and at the end (the last 3 are kept). `dtype` is the model's (see `build_graph`).
 
     Returns:
       A dict with the `losses` of the steps run here, the final `global_step`, the `weights`
@@ -164,7 +175,8 @@ def train(
       without a directory) and the `kept` checkpoint steps.
     """
     images, labels = make_data(batch_size * 8, seed)
-    train_graph = build_graph(devices, learning_rate, seed, stages)
+    images = images.astype(tf.as_dtype(dtype).as_numpy_dtype)
+    train_graph = build_graph(devices, learning_rate, seed, stages, dtype)
     g = train_graph
     losses, weights_path, kept = [], None, []
     with tf.compat.v1.Session(graph=g.graph, config=towers.session_config()) as sess:

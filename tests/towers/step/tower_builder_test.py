@@ -149,8 +149,8 @@ class ReplicateTest(tf.test.TestCase, parameterized.TestCase):
             }
         ran_on = {}
         for dev_stats in metadata.step_stats.dev_stats:
-            if "/stream:" in dev_stats.device:  # a GPU's streams repeat its executor's nodes
-                continue
+            if not re.search(r"device:[A-Z]+:\d+$", dev_stats.device):
+                continue  # a GPU's streams and copies ("GPU:0/stream:14", "GPU:0/memcpy")
             for node in dev_stats.node_stats:
                 ran_on[node.node_name] = test_util.local_device(dev_stats.device)
         self.assertEqual(var_devices, {"/device:CPU:0"})
