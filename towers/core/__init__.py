@@ -17,13 +17,14 @@ from towers.core._devices import (
     simulate_devices,
 )
 from towers.core._examples import examples_from, first_example
-from towers.core._tower_context import TowerContext, current_tower
+from towers.core._tower_context import TowerContext, compiling, current_tower
 
 __all__ = [
     "TowerContext",
     "as_caller_would",
     "canonical_device",
     "check_devices_exist",
+    "compiling",
     "cross_tower_sum",
     "current_tower",
     "device_list",

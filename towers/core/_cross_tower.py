@@ -41,8 +41,8 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
       The sum, on this tower's device, bit-identical on every tower.
 
     Raises:
-      ValueError: if called eagerly inside a tower of several towers, or towers share a
-        device.
+      ValueError: if called eagerly or in a compiled tower (`jit_compile=True`) of several
+        towers, or towers share a device.
     """
     value = tf.convert_to_tensor(value)
     tower = current_tower()
@@ -58,6 +58,14 @@ def cross_tower_sum(value: tf.Tensor, weight: tf.Tensor | float | None = None) -
             f"towers.cross_tower_sum (and towers.BatchNorm's statistics) needs distinct "
             f"devices, one tower each; got {list(tower.devices)}: a collective over a repeated "
             "device would wait for ever. Give each tower its own (logical) device."
+        )
+    if tower.compiled:
+        raise ValueError(
+            f"Tower {tower.index} is compiled by XLA (jit_compile=True), and a compiled tower "
+            "cannot meet the others mid-way: towers.cross_tower_sum (and towers.BatchNorm("
+            "sync=True)) exchanges values between towers while they run, which XLA cannot "
+            "(it has no collectives between TensorFlow's devices). Use BatchNorm(sync=False) "
+            "or jit_compile=False."
         )
     if tf.executing_eagerly():
         raise ValueError(

@@ -1,7 +1,9 @@
 """The tower context: which tower the code being built belongs to."""
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from towers.ops.internal import library_code
@@ -24,6 +26,8 @@ class TowerContext:
         `tower_gradients` and `variable_list` use it when not given one.
       devices: Every tower's device, in tower order (what `towers.cross_tower_sum` spans);
         empty when unknown.
+      compiled: Whether the tower's code runs compiled by XLA (`jit_compile=True`): it
+        cannot meet other towers mid-way (`towers.cross_tower_sum` refuses).
     """
 
     index: int
@@ -32,6 +36,7 @@ class TowerContext:
     name_scope: str = ""
     variable_strategy: Any = None
     devices: tuple[str, ...] = ()
+    compiled: bool = False
 
     def __post_init__(self):
         if not 0 <= self.index < self.num_towers:
@@ -77,3 +82,21 @@ def current_tower() -> TowerContext | None:
       ...         tf.summary.histogram("logits", logits)
     """
     return getattr(_local, "tower", None)
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[TowerContext | None]:
+    """Marks the current tower as compiled (`TowerContext.compiled`) inside; yields it.
+
+    For the code of a tower that compiles part of itself (`tower_gradients(jit_compile=True)`
+    in a tower built uncompiled). Outside towers, it does nothing and yields None.
+    """
+    tower = current_tower()
+    if tower is None or tower.compiled:
+        yield tower
+        return
+    _local.tower = dataclasses.replace(tower, compiled=True)
+    try:
+        yield _local.tower
+    finally:
+        _local.tower = tower

@@ -152,15 +152,17 @@ class BatchNorm(tf.Module):
         if not training:
             mean, variance = self.moving_mean, self.moving_variance
             return self._normalized(x, mean, variance)
-        mean, variance, whole = _moments(x, axes, sync=self.sync)
+        mean, variance, (inputs, prepare) = _moments(x, axes, sync=self.sync)
         y = self._normalized(x, mean, variance)
-        if not updates_state():
-            return y
         tower = current_tower()
-        if defer_state_update(lambda: self._update_moving(*whole), tower and tower.device):
+        # Every tower takes part in the exchange (`prepare`), whether it updates state or not.
+        update = self._update_moving if updates_state() else _no_update
+        if defer_state_update(update, tower and tower.device, inputs, prepare):
             return y  # the step builds it with the update, after its non-finite verdict
-        update = self._update_moving(*whole)
-        with tf.control_dependencies(update):  # a v1 graph runs the update with the output
+        built = update(*(prepare(*inputs) if prepare else inputs))
+        if not built:
+            return y
+        with tf.control_dependencies(built):  # a v1 graph runs the update with the output
             return tf.identity(y)
 
     def _build(self, channels: int) -> None:
@@ -187,25 +189,44 @@ class BatchNorm(tf.Module):
 
 
 def _moments(x: tf.Tensor, axes: Sequence[int], *, sync: bool):
-    """(mean, variance) to normalize by, and the whole batch's (mean, variance) (no gradient).
+    """(mean, variance) to normalize by, and what the moving averages move towards.
 
-    Each tower sends its element count n, n * mean, n * variance and n * mean^2; the combined
-    variance is the mean of the towers' variances plus the variance of their means, which
-    keeps float32 cancellation to the means alone.
+    The latter is `(inputs, prepare)`: the whole batch's statistics are `prepare(*inputs)`,
+    or `inputs` themselves when `prepare` is None. Each tower's sums (element count n,
+    n * mean, n * variance and n * mean^2) are combined across towers; the combined variance
+    is the mean of the towers' variances plus the variance of their means, which keeps
+    float32 cancellation to the means alone. With `sync` they are combined now (the
+    normalization needs them, gradients included); without, by `prepare` (no gradient),
+    which a compiled tower runs after its program (XLA cannot exchange mid-way).
     """
     x32 = tf.cast(x, tf.float32)
     mean, variance = tf.nn.moments(x32, axes)
     tower = current_tower()
     if tower is None or tower.num_towers * current_workers().num_workers == 1:
-        return mean, variance, (tf.stop_gradient(mean), tf.stop_gradient(variance))
+        return mean, variance, ((tf.stop_gradient(mean), tf.stop_gradient(variance)), None)
     shape = tf.shape(x32)
     count = tf.cast(tf.reduce_prod(tf.gather(shape, list(axes))), tf.float32)
     local = tf.concat([[count], count * mean, count * variance, count * tf.square(mean)], 0)
-    total = cross_tower_sum(local, weight=count if sync else None)
-    n, sums = total[0], tf.reshape(total[1:], [3, -1])
-    whole_mean = sums[0] / n
-    whole_variance = (sums[1] + sums[2]) / n - tf.square(whole_mean)
-    whole = (tf.stop_gradient(whole_mean), tf.stop_gradient(whole_variance))
-    if sync:
-        return whole_mean, whole_variance, whole
-    return mean, variance, whole
+    if not sync:
+        return mean, variance, ((tf.stop_gradient(local),), _whole_batch)
+    whole_mean, whole_variance = _statistics(cross_tower_sum(local, weight=count))
+    moving = (tf.stop_gradient(whole_mean), tf.stop_gradient(whole_variance))
+    return whole_mean, whole_variance, (moving, None)
+
+
+def _no_update(mean: tf.Tensor, variance: tf.Tensor) -> list:
+    """The update of a tower that leaves the moving averages to another (it still exchanged)."""
+    del mean, variance
+    return []
+
+
+def _statistics(sums: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(mean, variance) from the summed (n, n * mean, n * variance, n * mean^2)."""
+    n, rest = sums[0], tf.reshape(sums[1:], [3, -1])
+    mean = rest[0] / n
+    return mean, (rest[1] + rest[2]) / n - tf.square(mean)
+
+
+def _whole_batch(local: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The whole batch's (mean, variance) from this tower's sums, exchanged (no gradient)."""
+    return _statistics(cross_tower_sum(local))

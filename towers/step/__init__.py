@@ -10,7 +10,8 @@ from towers.step._accumulator import GradientAccumulator
 from towers.step._apply_reduced import apply_reduced, apply_replicated
 from towers.step._loss_scale import DynamicLossScale, LossScale
 from towers.step._tower_builder import replicate
-from towers.step._train_step import tower_gradients, train_step, variable_list
+from towers.step._tower_gradients import tower_gradients
+from towers.step._train_step import train_step, variable_list
 
 __all__ = [
     "DynamicLossScale",

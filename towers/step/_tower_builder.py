@@ -17,6 +17,7 @@ from towers.core import (
     user_code_entry,
 )
 from towers.ops.internal import library_code
+from towers.step._compiled import CompiledTower, check_jit_compile
 from towers.variables import ParameterServer, VariableStrategy
 
 
@@ -27,6 +28,7 @@ def replicate(
     devices: Sequence[str],
     *,
     variable_strategy: VariableStrategy | None = None,
+    jit_compile: bool = False,
 ) -> list[Any]:
     """Calls `fn(shard)` once per tower, each on its own device, and returns the results.
 
@@ -40,6 +42,9 @@ def replicate(
       devices: One device per tower, e.g. from `towers.list_devices()`.
       variable_strategy: A `towers.VariableStrategy` (`ParameterServer`, `Replicated`...);
         default a `ParameterServer` on the CPU.
+      jit_compile: Compile each tower's `fn` with XLA, one program per tower on its device
+        (see README's *XLA*). Its results carry no gradient back into the tower: take
+        gradients inside `fn` (as `towers.tower_gradients` does).
 
     Returns:
       The K results of `fn`, in tower order.
@@ -47,8 +52,8 @@ def replicate(
     Raises:
       ValueError: if `shards` and `devices` differ in length or are empty, a device does not
         exist, or a tower after the first creates a variable.
-      TypeError: if `fn` is not callable, `devices` is a single name rather than a list, or
-        `variable_strategy` is not a strategy.
+      TypeError: if `fn` is not callable, `devices` is a single name rather than a list,
+        `variable_strategy` is not a strategy, or `jit_compile` not a bool.
       RuntimeError: if called inside a tower.
 
     Example:
@@ -67,13 +72,14 @@ def replicate(
         raise RuntimeError("towers.replicate was called inside a tower; towers do not nest.")
     check_devices_exist(devices)
     strategy = resolve_strategy(None, variable_strategy)
+    jit_compile = check_jit_compile(jit_compile)
     fn = as_caller_would(fn)
     results = []
     for i, (shard, device) in enumerate(zip(shards, devices)):
         with tf.device(device), tf.name_scope(f"tower_{i}") as scope:
-            with TowerContext(i, device, len(devices), scope, strategy, tuple(devices)) as tower:
-                with strategy.scope(tower), examples_from(_offset(shards, i)):
-                    results.append(fn(shard))
+            context = TowerContext(i, device, len(devices), scope, strategy, tuple(devices))
+            with context as tower, strategy.scope(tower), examples_from(_offset(shards, i)):
+                results.append(CompiledTower(fn, tower)(shard) if jit_compile else fn(shard))
     return results
 
 

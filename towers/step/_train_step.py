@@ -7,95 +7,18 @@ from typing import Any
 import tensorflow as tf
 
 import towers.ops as ops
-from towers.core import as_caller_would, current_tower, device_list, user_code_entry
+from towers.core import current_tower, device_list, user_code_entry
 from towers.ops.internal import library_code, update_ops
 from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
 from towers.step._apply_reduced import GradientHook, apply_reduced
-from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale, scale_value
-from towers.step._micro_batches import check_micro_batches, in_micro_batches
+from towers.step._compiled import check_jit_compile
+from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale
+from towers.step._micro_batches import check_micro_batches
 from towers.step._nonfinite import NONFINITE
 from towers.step._tower_builder import replicate, resolve_strategy
+from towers.step._tower_gradients import Variables, tower_gradients
 from towers.variables import VariableStrategy, deferred_state_updates
-
-Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
-
-
-@user_code_entry
-def tower_gradients(
-    loss_fn: Callable[[Any], Any],
-    variables: Variables,
-    shard: Any,
-    *,
-    variable_strategy: VariableStrategy | None = None,
-    loss_scale: Any = None,
-    micro_batches: int = 1,
-    merge: str | Any = "concat",
-) -> tuple[tf.Tensor, Any, list]:
-    """Runs `loss_fn` on one shard and returns its loss, outputs and gradients.
-
-    Args:
-      loss_fn: Called with the shard; returns the mean loss over the shard (a scalar), or a
-        pair `(loss, outputs)`.
-      variables: The variables to differentiate, a `tf.Module` whose trainable variables
-        are read after `loss_fn` ran (so a model may create them on its first call), or a
-        strategy holding its own copies (`Replicated`: the current tower's copy).
-      shard: This tower's inputs.
-      variable_strategy: The strategy that says which variables this tower reads; default
-        the strategy of the tower being built (`replicate`'s), else as in `train_step`.
-      loss_scale: None, a number or a `towers.LossScale`: the gradients are those of the
-        loss times the scale (the loss returned is not scaled).
-      micro_batches: Run the shard as this many parts, one after the other (the memory of
-        one part), gradients and loss averaged by part size.
-      merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
-
-    Returns:
-      `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
-      with the tower's variables.
-
-    Raises:
-      ValueError: if the loss is not a floating scalar, or there are no variables.
-    """
-    strategy = resolve_strategy(variables, variable_strategy)
-    micro_batches = check_micro_batches(micro_batches)
-    loss_fn = as_caller_would(loss_fn)
-
-    def one_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
-        with tf.GradientTape() as tape:
-            loss, outputs = _loss_and_outputs(loss_fn(inputs))
-            scale = 1.0 if loss_scale is None else scale_value(loss_scale)
-            scaled = loss if loss_scale is None else loss * tf.cast(scale, loss.dtype)
-        trained = strategy.tower_variables(variables, current_tower())
-        return loss, outputs, tape.gradient(scaled, trained)
-
-    if micro_batches == 1:
-        return one_pass(shard)
-    return in_micro_batches(one_pass, shard, micro_batches, merge)
-
-
-@library_code
-def _loss_and_outputs(result: Any) -> tuple[tf.Tensor, Any]:
-    """`loss_fn`'s result as (a floating scalar loss, outputs or None), or a clear error."""
-    if isinstance(result, (tuple, list)) and len(result) != 2:
-        raise ValueError(
-            f"`loss_fn` must return the mean loss over its shard, or a pair (loss, outputs); got "
-            f"a {type(result).__name__} of {len(result)}. Group extra outputs: "
-            "`return loss, (logits, other)`."
-        )
-    loss, outputs = result if isinstance(result, (tuple, list)) else (result, None)
-    if not isinstance(loss, (tf.Tensor, tf.Variable, float)):
-        raise ValueError(
-            f"`loss_fn` must return the mean loss over its shard as a floating scalar tensor (or "
-            f"a pair (loss, outputs)); got {type(loss).__name__}. Did it forget to return?"
-        )
-    loss = tf.convert_to_tensor(loss)
-    if loss.shape.rank != 0 or not loss.dtype.is_floating:
-        raise ValueError(
-            f"`loss_fn` must return the mean loss over its shard as a floating scalar (or a "
-            f"pair (loss, outputs)); got {loss.dtype.name} of shape {loss.shape}. Reduce it "
-            "with tf.reduce_mean."
-        )
-    return loss, outputs
 
 
 @library_code
@@ -136,6 +59,7 @@ def train_step(
     nonfinite: str | None = "default",
     micro_batches: int = 1,
     accumulate: GradientAccumulator | None = None,
+    jit_compile: bool = False,
 ) -> tuple[tf.Tensor, Any]:
     """Splits `inputs`, builds one tower per device, reduces the gradients and applies them.
 
@@ -168,6 +92,9 @@ def train_step(
         one part), their gradients averaged by size before the reduction: the same step.
       accumulate: A `towers.GradientAccumulator`: update every `accumulate.every` calls,
         with the exact mean gradient of their batches (the hook sees that mean).
+      jit_compile: Compile each tower's forward and backward pass with XLA, one program per
+        tower on its device, for both variable strategies (see README's *XLA*); the
+        reduction and the update stay as they are.
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
         differentiates its loss times the scale; the reduced gradients are divided by it
@@ -203,6 +130,7 @@ def train_step(
         loss_scale=loss_scale,
         micro_batches=check_micro_batches(micro_batches),
         merge=merge,
+        jit_compile=check_jit_compile(jit_compile),
     )
     with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
         with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict

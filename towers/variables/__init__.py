@@ -7,7 +7,12 @@ reads and turns the towers' gradients into updates: `ParameterServer` (one copy)
 use.
 """
 
-from towers.variables._deferred import defer_state_update, deferred_state_updates
+from towers.variables._deferred import (
+    DeferredUpdate,
+    defer_state_update,
+    deferred_state_updates,
+    defers_state_updates,
+)
 from towers.variables._names import CopiedState, Copies, canonical_name
 from towers.variables._parameter_server import ParameterServer
 from towers.variables._replica_checks import check_replicas_identical
@@ -17,6 +22,7 @@ from towers.variables._targets import Target, named_variables, variable_copies
 
 __all__ = [
     "CopiedState",
+    "DeferredUpdate",
     "Copies",
     "ParameterServer",
     "ReducedGradients",
@@ -27,6 +33,7 @@ __all__ = [
     "check_replicas_identical",
     "defer_state_update",
     "deferred_state_updates",
+    "defers_state_updates",
     "named_variables",
     "updates_state",
     "variable_copies",

@@ -1,0 +1,205 @@
+"""Towers compiled by XLA (`jit_compile=True`): the same step as one device, on both strategies.
+
+XLA runs on the logical CPUs too. Each test compiles few programs: XLA takes about a second
+per tower here.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+from towers import ops
+
+STEPS = 2
+
+
+def _calls(graph: tf.Graph) -> list[tf.Operation]:
+    """The compiled towers' call ops of a step's graph."""
+    return [
+        op
+        for op in graph.get_operations()
+        if op.type == "StatefulPartitionedCall" and "_XlaMustCompile" in op.node_def.attr
+    ]
+
+
+class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters("ps", "ps_cpu", "replicated")
+    def test_k_compiled_towers_equal_the_hand_written_step(self, strategy):
+        """11 examples over 3 towers (4, 4, 3), momentum: the hand-written step's weights."""
+        devices = test_util.devices(4)[1:] if strategy == "ps_cpu" else test_util.devices(3)
+        reference = test_util.built_model()
+        by_hand = test_util.reference_step(
+            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
+        )
+        if strategy == "replicated":
+            model = towers.Replicated(test_util.built_model, devices)
+            local = model.local
+        else:
+            model = test_util.Model()  # built in the first tower, on the parameter server
+            local = lambda: model  # noqa: E731
+        variable_strategy = towers.ParameterServer() if strategy == "ps_cpu" else None
+        optimizer = towers.SGD(0.1, momentum=0.9)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(local())(b),
+                model,
+                optimizer,
+                batch,
+                devices,
+                variable_strategy=variable_strategy,
+                jit_compile=True,
+            )
+
+        for i in range(STEPS):
+            batch = test_util.batch(11, seed=i)
+            loss, logits = step(batch)
+            want_loss, want_logits = by_hand(batch)
+            test_util.assert_allclose(loss, want_loss, rtol=1e-5)
+            test_util.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-6)
+        trained = model.replicas[-1] if strategy == "replicated" else model
+        for got, want in zip(trained.variables, reference.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        if strategy == "replicated":
+            towers.check_replicas_identical(model)
+        calls = _calls(step.get_concrete_function(test_util.batch(11)).graph)
+        self.assertEqual([test_util.local_device(c.device) for c in calls], devices)
+
+    def test_micro_batches_loss_scale_hook_and_keras_layers(self):
+        devices = test_util.devices(2)
+
+        def build():
+            model = keras.Sequential(
+                [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+            )
+            model(tf.zeros([1, test_util.FEATURES]))
+            return model
+
+        replicas = towers.Replicated(build, devices)
+        reference = build()
+        for ref, var in zip(reference.weights, replicas.replicas[0].weights):
+            ref.assign(var)
+        scale = towers.DynamicLossScale(initial_scale=1024.0)
+        optimizer = towers.SGD(0.1)
+
+        def loss_fn(model):
+            def fn(batch):
+                logits = model(batch[0]["features"])
+                return tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(batch[1], logits)
+                )
+
+            return fn
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: loss_fn(replicas.local())(b),
+                replicas,
+                optimizer,
+                batch,
+                devices,
+                loss_scale=scale,
+                micro_batches=2,
+                gradient_hook=lambda grads, _: [g * 0.5 for g in grads],
+                jit_compile=True,
+            )
+
+        variables = [v.value for v in reference.trainable_weights]
+        by_hand = test_util.reference_step(reference, loss_fn(reference), 0.05, variables=variables)
+        for i in range(STEPS):
+            batch = test_util.batch(11, seed=i)
+            test_util.assert_allclose(step(batch)[0], by_hand(batch)[0], rtol=1e-5)
+        for got, want in zip(replicas.replicas[1].weights, reference.weights):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def test_batch_norm_moving_averages_follow_the_verdict(self):
+        """A compiled tower hands its moving averages out: skipped with a NaN step, and else
+        those of the whole batch (as uncompiled towers move them)."""
+        devices = test_util.devices(3)
+
+        class Net(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = tf.Variable(tf.ones([test_util.FEATURES, 4]) * 0.3)
+                self.bn = towers.BatchNorm(momentum=0.5)
+
+            def __call__(self, x):
+                return tf.reduce_mean(self.bn(x @ self.w, training=True) ** 2)
+
+        def train(jit_compile, batches):
+            net = Net()
+            optimizer = towers.SGD(0.1)
+
+            @tf.function
+            def step(features):
+                return towers.train_step(
+                    net,
+                    net,
+                    optimizer,
+                    features,
+                    devices,
+                    nonfinite="skip",
+                    jit_compile=jit_compile,
+                )[0]
+
+            for features in batches:
+                step(features)
+            return net
+
+        good = [test_util.batch(11, seed=i)[0]["features"] for i in range(STEPS)]
+        poisoned = tf.tensor_scatter_nd_update(good[0], [[0, 0]], [np.nan])
+        compiled, plain = train(True, [*good, poisoned]), train(False, good)
+        for got, want in zip(compiled.variables, plain.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        self.assertNotAllClose(compiled.bn.moving_mean, tf.zeros([4]))
+
+    def test_dropout_draws_the_same_for_any_number_of_compiled_towers(self):
+        """XLA draws its own Philox stream (other bits than TensorFlow's kernel), the same
+        for every split of the batch: 3 compiled towers draw what one compiled device does."""
+        x = tf.constant(np.random.default_rng(0).normal(size=(11, 64)), tf.float32)
+
+        def noisy(shard):
+            return towers.dropout(shard, 0.5, seed=[1, 2])
+
+        @tf.function
+        def dropped(x, k):
+            shards = ops.split_batch(x, k)
+            return tf.concat(
+                towers.replicate(noisy, shards, test_util.devices(k), jit_compile=True), 0
+            )
+
+        self.assertAllEqual(dropped(x, 3), dropped(x, 1))
+
+    def test_synchronized_batch_norm_is_refused_clearly(self):
+        bn = towers.BatchNorm(sync=True)
+
+        @tf.function
+        def normalized(x):
+            shards = ops.split_batch(x, 2)
+            return towers.replicate(
+                lambda s: bn(s, training=True), shards, test_util.devices(2), jit_compile=True
+            )
+
+        with self.assertRaisesRegex(ValueError, r"compiled by XLA .* BatchNorm\(sync=False\)"):
+            normalized(tf.ones([4, 3]))
+
+    def test_bad_arguments(self):
+        model = test_util.built_model()
+        batch = test_util.batch(4)
+        with self.assertRaisesRegex(TypeError, "`jit_compile` must be True or False; got 'yes'"):
+            towers.replicate(tf.identity, [1.0], ["/cpu:0"], jit_compile="yes")
+        with self.assertRaisesRegex(TypeError, "`jit_compile` must be True or False; got 1"):
+            towers.train_step(
+                test_util.loss_fn(model), model, towers.SGD(0.1), batch, ["/cpu:0"], jit_compile=1
+            )
+        with self.assertRaisesRegex(ValueError, r"call it inside towers.replicate"):
+            towers.tower_gradients(test_util.loss_fn(model), model, batch, jit_compile=True)
+
+
+if __name__ == "__main__":
+    tf.test.main()

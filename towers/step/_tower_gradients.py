@@ -1,0 +1,110 @@
+"""One tower's pass: its loss, outputs and gradients (compiled by XLA on request)."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from towers.core import as_caller_would, current_tower, user_code_entry
+from towers.ops.internal import library_code
+from towers.step._compiled import CompiledTower, check_jit_compile
+from towers.step._loss_scale import scale_value
+from towers.step._micro_batches import check_micro_batches, in_micro_batches
+from towers.step._tower_builder import resolve_strategy
+from towers.variables import VariableStrategy
+
+Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
+
+
+@user_code_entry
+def tower_gradients(
+    loss_fn: Callable[[Any], Any],
+    variables: Variables,
+    shard: Any,
+    *,
+    variable_strategy: VariableStrategy | None = None,
+    loss_scale: Any = None,
+    micro_batches: int = 1,
+    merge: str | Any = "concat",
+    jit_compile: bool = False,
+) -> tuple[tf.Tensor, Any, list]:
+    """Runs `loss_fn` on one shard and returns its loss, outputs and gradients.
+
+    Args:
+      loss_fn: Called with the shard; returns the mean loss over the shard (a scalar), or a
+        pair `(loss, outputs)`.
+      variables: The variables to differentiate, a `tf.Module` whose trainable variables
+        are read after `loss_fn` ran (so a model may create them on its first call), or a
+        strategy holding its own copies (`Replicated`: the current tower's copy).
+      shard: This tower's inputs.
+      variable_strategy: The strategy that says which variables this tower reads; default
+        the strategy of the tower being built (`replicate`'s), else as in `train_step`.
+      loss_scale: None, a number or a `towers.LossScale`: the gradients are those of the
+        loss times the scale (the loss returned is not scaled).
+      micro_batches: Run the shard as this many parts, one after the other (the memory of
+        one part), gradients and loss averaged by part size.
+      merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
+      jit_compile: Compile the forward and backward pass with XLA, one program on the
+        tower's device (each micro-batch runs it in turn). See README's *XLA*.
+
+    Returns:
+      `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
+      with the tower's variables.
+
+    Raises:
+      ValueError: if the loss is not a floating scalar, or there are no variables.
+      TypeError: if `jit_compile` is not a bool.
+    """
+    strategy = resolve_strategy(variables, variable_strategy)
+    micro_batches = check_micro_batches(micro_batches)
+    loss_fn = as_caller_would(loss_fn)
+    jit_compile = check_jit_compile(jit_compile)
+
+    def one_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
+        with tf.GradientTape() as tape:
+            loss, outputs = _loss_and_outputs(loss_fn(inputs))
+            scale = 1.0 if loss_scale is None else scale_value(loss_scale)
+            scaled = loss if loss_scale is None else loss * tf.cast(scale, loss.dtype)
+        trained = strategy.tower_variables(variables, current_tower())
+        return loss, outputs, tape.gradient(scaled, trained)
+
+    tower = current_tower()
+    if not jit_compile or (tower is not None and tower.compiled):  # (inside its program)
+        return _passes(one_pass, shard, micro_batches, merge)
+    if tower is None:
+        raise ValueError(
+            "tower_gradients(jit_compile=True) compiles a tower's pass on the tower's device: "
+            "call it inside towers.replicate (or use train_step(..., jit_compile=True))."
+        )
+    return _passes(CompiledTower(one_pass, tower), shard, micro_batches, merge)
+
+
+def _passes(one_pass: Callable, shard: Any, micro_batches: int, merge: Any) -> tuple:
+    if micro_batches == 1:
+        return one_pass(shard)
+    return in_micro_batches(one_pass, shard, micro_batches, merge)
+
+
+@library_code
+def _loss_and_outputs(result: Any) -> tuple[tf.Tensor, Any]:
+    """`loss_fn`'s result as (a floating scalar loss, outputs or None), or a clear error."""
+    if isinstance(result, (tuple, list)) and len(result) != 2:
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard, or a pair (loss, outputs); got "
+            f"a {type(result).__name__} of {len(result)}. Group extra outputs: "
+            "`return loss, (logits, other)`."
+        )
+    loss, outputs = result if isinstance(result, (tuple, list)) else (result, None)
+    if not isinstance(loss, (tf.Tensor, tf.Variable, float)):
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard as a floating scalar tensor (or "
+            f"a pair (loss, outputs)); got {type(loss).__name__}. Did it forget to return?"
+        )
+    loss = tf.convert_to_tensor(loss)
+    if loss.shape.rank != 0 or not loss.dtype.is_floating:
+        raise ValueError(
+            f"`loss_fn` must return the mean loss over its shard as a floating scalar (or a "
+            f"pair (loss, outputs)); got {loss.dtype.name} of shape {loss.shape}. Reduce it "
+            "with tf.reduce_mean."
+        )
+    return loss, outputs
