@@ -17,6 +17,7 @@ TF_VERSION = ">=2.16,<3"
 WINGS = (
     "workers",
     "core",
+    "data",
     "variables",
     "optimizers",
     "step",

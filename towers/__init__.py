@@ -28,6 +28,7 @@ from towers.core import (
     session_config,
     simulate_devices,
 )
+from towers.data import StagedInput, prefetch_to_devices
 from towers.layers import BatchNorm, batch_moments, dropout, example_uniform
 from towers.optimizers import LAMB, LARS, SGD, Adagrad, Adam, AdamW, Optimizer, RMSProp
 from towers.progress import Evaluation, StepTimer, evaluate, summary_scalar
@@ -75,6 +76,7 @@ __all__ = [
     "StepTimer",
     "Replicated",
     "RestoreReport",
+    "StagedInput",
     "TowerContext",
     "VariableStrategy",
     "WorkerInfo",
@@ -95,6 +97,7 @@ __all__ = [
     "list_devices",
     "named_variables",
     "ops",
+    "prefetch_to_devices",
     "read_weights",
     "replicate",
     "restore_weights",

@@ -22,7 +22,7 @@ def checked_extra(extra: Mapping[str, Target] | None) -> dict[str, Target]:
     ):
         raise TypeError(
             f"`extra` must map names without '/' to state (tf.Modules, lists or dicts of "
-            f"variables, tf.data iterators); got {extra!r}."
+            f"variables, tf.data iterators, staged inputs); got {extra!r}."
         )
     return dict(extra)
 

@@ -65,7 +65,8 @@ class CheckpointManager:
         towers.DynamicLossScale()}`; each a `tf.Module`, list or dict of variables, or a
         `tf.data` iterator (`iter(dataset)`), whose position (shuffle buffer included) is
         saved through TensorFlow's iterator checkpointing, so that a resumed run reads the
-        batches an uninterrupted one would.
+        batches an uninterrupted one would, or a `towers.StagedInput` (its position and the
+        batch staged on the devices, restored into any number of towers).
       session: For variables of a v1 graph, the `tf.compat.v1.Session` holding their values
         (saves read them and restores assign them there); required in a v1 graph.
 

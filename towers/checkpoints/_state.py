@@ -17,12 +17,21 @@ from towers.checkpoints._iterator_state import (
     iterator_state,
     restore_iterator,
 )
+from towers.data import StagedInput
 from towers.optimizers import Optimizer, is_keras
 from towers.step import GradientAccumulator
 from towers.variables import Copies, Target, named_variables, variable_copies
 from towers.weights import assign_arrays, match_arrays, read_arrays, values_of
 
 STEP = "__step__"
+STAGED = "staged"  # "extra/<key>/staged/<leaf>": a StagedInput's batch on the devices
+
+
+def _iterator_of(target: Any) -> Any:
+    """The `tf.data` iterator whose position `target` keeps (itself, or a staged input's)."""
+    if isinstance(target, StagedInput):
+        return target.iterator
+    return target if is_iterator(target) else None
 
 
 def state_arrays(
@@ -36,9 +45,13 @@ def state_arrays(
     copies = state_copies(model, optimizer, extra)
     arrays.update(values_of({name: group[0] for name, group in copies.items()}, session))
     for key, target in extra.items():
-        if is_iterator(target):
-            arrays[f"extra/{key}/{MEMBER}"] = iterator_state(target)
-            arrays[f"extra/{key}/{SPEC_MEMBER}"] = element_spec(target)
+        iterator = _iterator_of(target)
+        if iterator is not None:
+            arrays[f"extra/{key}/{MEMBER}"] = iterator_state(iterator)
+            arrays[f"extra/{key}/{SPEC_MEMBER}"] = element_spec(iterator)
+        if isinstance(target, StagedInput):  # the batch the iterator has passed already
+            for name, array in target.staged_arrays().items():
+                arrays[f"extra/{key}/{STAGED}/{name}"] = array
     return arrays
 
 
@@ -48,7 +61,7 @@ def state_copies(model: Target, optimizer: Any, extra: Mapping[str, Target]) -> 
     if optimizer is not None:
         copies.update(variable_copies(optimizer_state(model, optimizer)))
     for key, target in extra.items():
-        if is_iterator(target):  # no variables: its position is saved as bytes
+        if _iterator_of(target) is not None:  # no variables: its position is saved as bytes
             continue
         if isinstance(target, GradientAccumulator):  # its sums, like slots, follow the model
             target.build(variable_copies(model))
@@ -115,17 +128,51 @@ def restore_checkpoint(
     plans = [(variable_copies(model), weight_arrays, weights)]
     copies = state_copies(model, optimizer, extra)
     positions = _iterator_positions(extra, state_arrays_, state, strict=strict)
+    staged = _staged_batches(extra, state_arrays_, state, positions)
     if optimizer is not None or extra:  # else the file's state is not looked at
         iterator_members = {f"extra/{key}/{SPEC_MEMBER}" for key, _ in positions.values()}
         iterator_members |= set(positions)
-        saved = {k: v for k, v in state_arrays_.items() if k != STEP and k not in iterator_members}
+        saved = {
+            k: v
+            for k, v in state_arrays_.items()
+            if k != STEP and k not in iterator_members and not _is_staged(k, extra)
+        }
         plans.append((copies, saved, state))
     reports = [
         match_arrays(copies, arrays, where, strict=strict) for copies, arrays, where in plans
     ]
     _restore_iterators(positions, state_arrays_)  # first: a misfit changes nothing
+    for target, arrays in staged:
+        target.restore_staged(arrays)
     for (copies, arrays, _), report in zip(plans, reports):
         assign_arrays(copies, arrays, report, session)
+
+
+def _is_staged(member: str, extra: Mapping[str, Target]) -> bool:
+    return any(
+        isinstance(target, StagedInput) and member.startswith(f"extra/{key}/{STAGED}/")
+        for key, target in extra.items()
+    )
+
+
+def _staged_batches(
+    extra: Mapping[str, Target], arrays: Mapping[str, Any], where: str, positions: dict
+) -> list[tuple[StagedInput, dict]]:
+    """Each staged input whose position is restored, with its saved batch, checked.
+
+    Raises:
+      ValueError: if the batch is missing or does not fit the pipeline.
+    """
+    restored = {key for key, _ in positions.values()}
+    found = []
+    for key, target in extra.items():
+        if not isinstance(target, StagedInput) or key not in restored:
+            continue
+        prefix = f"extra/{key}/{STAGED}/"
+        batch = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+        target.check_staged(batch, where)
+        found.append((target, batch))
+    return found
 
 
 def _restore_iterators(positions: dict, arrays: Mapping[str, Any]) -> None:
@@ -161,10 +208,11 @@ def _iterator_positions(
     found = {}
     for key, target in extra.items():
         member = f"extra/{key}/{MEMBER}"
-        if not is_iterator(target):
+        iterator = _iterator_of(target)
+        if iterator is None:
             continue
         if member in arrays:
-            found[member] = (key, target)
+            found[member] = (key, iterator)
         elif strict:
             raise ValueError(
                 f"{where!r} holds no input position for extra[{key!r}] (saved without it?); "

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import towers.ops as ops
 from towers.core import current_tower, device_list, user_code_entry
+from towers.data import StagedInput
 from towers.ops.internal import library_code, update_ops
 from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
@@ -74,7 +75,8 @@ def train_step(
         a list of variables, or a strategy holding its own copies of the model
         (`towers.Replicated`: one copy per device, gradients all-reduced).
       optimizer: Anything with `apply_gradients`, e.g. `towers.SGD(0.1)`.
-      inputs: The whole batch, a nested structure of tensors.
+      inputs: The whole batch, a nested structure of tensors, or a `towers.StagedInput`
+        (`prefetch_to_devices`: shards already on the devices; each call takes a batch).
       devices: One device per tower.
       gradient_hook: Called as `hook(grads, variables)` with the reduced gradients of each
         copy of the variables (once with a parameter server, once per replica with
@@ -120,8 +122,7 @@ def train_step(
     nonfinite = _nonfinite(nonfinite, loss_scale)
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
-    shards = ops.split_batch(inputs, len(devices), device=split_device)
-    sizes = ops.shard_sizes(inputs, len(devices))
+    shards, sizes = _shards(inputs, devices, split_device)
     tower_fn = functools.partial(
         tower_gradients,
         loss_fn,
@@ -163,6 +164,19 @@ def train_step(
     with tf.control_dependencies(update_ops(updates)):
         loss = tf.identity(loss)
     return loss, outputs
+
+
+def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[list, list]:
+    """Each tower's shard and the shard sizes: split now, or staged on the devices already."""
+    if not isinstance(inputs, StagedInput):
+        shards = ops.split_batch(inputs, len(devices), device=split_device)
+        return shards, ops.shard_sizes(inputs, len(devices))
+    if inputs.devices != devices:
+        raise ValueError(
+            f"The staged input is staged on {inputs.devices}, and the towers are built on "
+            f"{devices}; give towers.prefetch_to_devices the step's devices."
+        )
+    return inputs.take()
 
 
 def _total(sizes: list) -> Any:

@@ -1,0 +1,140 @@
+"""Input staged on the devices: the same training as the batches given, one batch ahead."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+
+BATCH, BATCHES = 11, 4
+
+
+def _dataset(shuffled=False):
+    inputs, labels = test_util.batch(BATCH * BATCHES)
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, labels))
+    if shuffled:
+        dataset = dataset.shuffle(20, seed=3)
+    return dataset.batch(BATCH)
+
+
+def _step(model, optimizer, devices, jit_compile=False):
+    @tf.function
+    def step(batch):
+        return towers.train_step(
+            test_util.loss_fn(model), model, optimizer, batch, devices, jit_compile=jit_compile
+        )[0]
+
+    return step
+
+
+class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(False, True)
+    def test_trains_like_one_device_on_the_same_batches(self, jit_compile):
+        devices = test_util.devices(3)
+        reference = test_util.built_model()
+        by_hand = test_util.reference_step(reference, test_util.loss_fn(reference), 0.1)
+        model = test_util.built_model()
+        step = _step(model, towers.SGD(0.1), devices, jit_compile)
+        staged = towers.prefetch_to_devices(_dataset(), devices)
+        losses = [float(step(batch)) for batch in staged]  # ends with the data
+        want = [float(by_hand(batch)[0]) for batch in _dataset()]
+        test_util.assert_allclose(losses, want, rtol=1e-5)
+        for got, expected in zip(model.variables, reference.variables):
+            test_util.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        self.assertEqual(step.experimental_get_tracing_count(), 1)
+        with self.assertRaises(tf.errors.InvalidArgumentError):  # (its Assert's error)
+            step(staged)
+
+    def test_shards_wait_on_their_devices_and_no_tower_waits_for_the_next(self):
+        devices = test_util.devices(2)
+        staged = towers.prefetch_to_devices(_dataset(), devices)
+        shards, sizes = staged.take()
+        self.assertEqual(sizes, [6, 5])
+        for shard, device in zip(shards, devices):
+            for leaf in tf.nest.flatten(shard):
+                self.assertEqual(test_util.local_device(leaf.device), device)
+        model = test_util.built_model()
+        graph = _step(model, towers.SGD(0.1), devices).get_concrete_function(staged).graph
+        (staging,) = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+        for op in graph.get_operations():
+            if "tower_" in op.name and op.type == "MatMul":
+                self.assertNotIn(staging, _ancestors(op), op.name)
+        reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"]
+        self.assertTrue(any(test_util.local_device(op.device) == devices[1] for op in reads))
+
+    def test_resumes_exactly_with_another_number_of_towers(self):
+        directory = os.path.join(self.get_temp_dir(), "run")
+        whole = test_util.built_model()
+        step = _step(whole, towers.SGD(0.1), test_util.devices(2))
+        for batch in towers.prefetch_to_devices(_dataset(shuffled=True), test_util.devices(2)):
+            step(batch)
+
+        first = test_util.built_model()
+        staged = towers.prefetch_to_devices(_dataset(shuffled=True), test_util.devices(2))
+        step = _step(first, towers.SGD(0.1), test_util.devices(2))
+        with towers.CheckpointManager(directory, first, extra={"input": staged}) as manager:
+            step(next(staged))
+            step(next(staged))
+            manager.save(2)
+        resumed = test_util.built_model()
+        staged = towers.prefetch_to_devices(_dataset(shuffled=True), test_util.devices(3))
+        with towers.CheckpointManager(directory, resumed, extra={"input": staged}) as manager:
+            self.assertEqual(manager.restore_latest(), 2)
+        step = _step(resumed, towers.SGD(0.1), test_util.devices(3))
+        self.assertLen([step(batch) for batch in staged], BATCHES - 2)
+        for got, want in zip(resumed.variables, whole.variables):
+            test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+    def test_a_staged_batch_that_does_not_fit_is_refused_and_nothing_changes(self):
+        directory = os.path.join(self.get_temp_dir(), "run")
+        model = test_util.built_model()
+        staged = towers.prefetch_to_devices(_dataset(), test_util.devices(2))
+        with towers.CheckpointManager(directory, model, extra={"input": staged}) as manager:
+            manager.save(1)
+        other = tf.data.Dataset.from_tensor_slices(np.ones([8, 3], np.float32)).batch(4)
+        staged = towers.prefetch_to_devices(other, test_util.devices(2))
+        with towers.CheckpointManager(directory, model, extra={"input": staged}) as manager:
+            with self.assertRaisesRegex(ValueError, "resume with the dataset the run was saved"):
+                manager.restore_latest()
+        np.testing.assert_array_equal(staged.take()[0][0], np.ones([2, 3]))
+
+    def test_bad_inputs(self):
+        devices = test_util.devices(2)
+        with self.assertRaisesRegex(TypeError, "must be a tf.data.Dataset; got list"):
+            towers.prefetch_to_devices([1, 2], devices)
+        ragged = tf.data.Dataset.from_tensors(tf.ragged.constant([[1], [2, 3]]))
+        with self.assertRaisesRegex(TypeError, "stages dense tensors; leaf 0 .*RaggedTensorSpec"):
+            towers.prefetch_to_devices(ragged, devices)
+        with self.assertRaisesRegex(ValueError, "leaf 0 is a scalar"):
+            towers.prefetch_to_devices(tf.data.Dataset.range(3), devices)
+        with self.assertRaisesRegex(ValueError, "does not exist"):
+            towers.prefetch_to_devices(_dataset(), ["/cpu:0", "/cpu:99"])
+        staged = towers.prefetch_to_devices(_dataset(), devices)
+        model = test_util.built_model()
+        with self.assertRaisesRegex(ValueError, r"staged on \['/device:CPU:0', '/device:CPU:1'\]"):
+            _step(model, towers.SGD(0.1), test_util.devices(3))(staged)
+
+        @tf.function
+        def inside():
+            return towers.prefetch_to_devices(_dataset(), devices)
+
+        with self.assertRaisesRegex(ValueError, "made eagerly"):
+            inside()
+
+
+def _ancestors(op: tf.Operation) -> set:
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
+if __name__ == "__main__":
+    tf.test.main()
