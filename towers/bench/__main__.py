@@ -12,10 +12,27 @@ from absl import app, flags  # noqa: E402
 
 from towers.bench import _cluster, _memory, _profile, _tables, _worker  # noqa: E402
 
+MODELS_SUITE = ["resnet50", "gpt"]  # the models suite's default --models
+MODELS_BATCH = {"resnet50": 256, "gpt": 32, "resnet_small": 16, "gpt_tiny": 8}
+
 _SUITE = flags.DEFINE_enum(
-    "suite", "step", ["step", "profile", "weights", "memory", "workers"], "What to measure."
+    "suite",
+    "step",
+    ["step", "profile", "weights", "memory", "workers", "models"],
+    "What to measure.",
 )
-_MODELS = flags.DEFINE_list("models", ["mlp", "cnn", "many_small"], "Models (step suite).")
+_MODELS = flags.DEFINE_list(
+    "models",
+    ["mlp", "cnn", "many_small"],
+    "Models (step suite); the models suite's: resnet50, gpt (default), resnet_small, gpt_tiny.",
+)
+_COMPUTE = flags.DEFINE_enum(
+    "compute_dtype", "bfloat16", ["float32", "bfloat16"], "The models suite's compute dtype."
+)
+_COMPILED = flags.DEFINE_list(
+    "compiled", ["plain", "xla"], "The models suite's rows: uncompiled (plain), XLA (xla)."
+)
+_PEAK = flags.DEFINE_float("peak_tflops", 790.0, "A device's peak TFLOP/s (models suite MFU).")
 _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
 _BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the median is shown.")
@@ -99,6 +116,9 @@ def main(argv: list[str]) -> None:
         per_worker = [int(d) for d in _PER_WORKER.value]
         print(_cluster.workers_table(_cluster.cluster_rows(_WORKERS.value, per_worker, passed)))
         return
+    if _SUITE.value == "models":
+        _models_suite()
+        return
     if _SUITE.value == "memory":
         towers_, batch = int(_TOWERS.value[0]), _BATCH.value or 8192
         rows = _memory.peak_megabytes(towers_, batch, [int(m) for m in _MICRO.value])
@@ -139,6 +159,45 @@ def main(argv: list[str]) -> None:
     print(_tables.step_table(rows))
     print()
     print(_tables.targets_table(rows))
+
+
+def _models_suite() -> None:
+    """The models suite: a worker's rows as JSON lines, or the driver's tables."""
+    models = _MODELS.value if _MODELS.present else MODELS_SUITE
+    if _WORKER.value:
+        from towers.bench import _model_suite  # Keras is imported for this suite alone
+
+        devices = _worker.bench_devices(_WORKER.value, _GPU_SPLIT.value)
+        strategy = _worker.mirrored_strategy(devices)
+        for model in models:
+            rows = _model_suite.suite_rows(
+                model,
+                devices,
+                strategy,
+                global_batch=_BATCH.value or MODELS_BATCH[model],
+                steps=_STEPS.value,
+                warmup=_WARMUP.value,
+                compute_dtype=_COMPUTE.value,
+                compiled=tuple(way == "xla" for way in _COMPILED.value),
+                peak_tflops=_PEAK.value,
+            )
+            for row in rows:
+                print(json.dumps(row), flush=True)
+        return
+    passed = [
+        *_run_flags(),
+        "--suite=models",
+        f"--models={','.join(models)}",
+        f"--compute_dtype={_COMPUTE.value}",
+        f"--compiled={','.join(_COMPILED.value)}",
+        f"--peak_tflops={_PEAK.value}",
+    ]
+    from towers.bench import _model_suite
+
+    rows = step_suite_rows(models, [int(t) for t in _TOWERS.value], passed)
+    print(_model_suite.models_table(rows))
+    print()
+    print(_model_suite.targets_table(rows))
 
 
 if __name__ == "__main__":

@@ -86,13 +86,22 @@ class StagedInput:
                 self._ready.read_value(), ["The staged input has ended: no batch is staged."]
             )
         shards = []
-        for buffers, device in zip(self._buffers, self.devices):
+        for buffers, device, size in zip(self._buffers, self.devices, self._static_sizes()):
             with tf.device(device), tf.control_dependencies([check] if check is not None else []):
                 leaves = [buffer.read_value() for buffer in buffers]
+            for leaf, spec in zip(leaves, self._specs):  # every batch has the spec's shape
+                leaf.set_shape(tf.TensorShape([size]).concatenate(spec.shape[1:]))
             shards.append(tf.nest.pack_sequence_as(self.element_spec, leaves))
         sizes = [ops.shard_sizes(shard, 1)[0] for shard in shards]
         self._stage_next()
         return shards, sizes
+
+    def _static_sizes(self) -> list[int | None]:
+        """The shard sizes when the dataset's batch size is static (`drop_remainder=True`)."""
+        batch = self._specs[0].shape[0]
+        if batch is None or batch < len(self.devices):
+            return [None] * len(self.devices)
+        return ops.shard_sizes(batch, len(self.devices))
 
     def _stage_next(self) -> Any:
         """Fetches the next batch on the host, splits it and copies each shard to its device."""

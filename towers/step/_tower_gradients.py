@@ -66,7 +66,8 @@ def tower_gradients(
             scale = 1.0 if loss_scale is None else scale_value(loss_scale)
             scaled = loss if loss_scale is None else loss * tf.cast(scale, loss.dtype)
         trained = strategy.tower_variables(variables, current_tower())
-        return loss, outputs, tape.gradient(scaled, trained)
+        grads = tape.gradient(scaled, trained)
+        return loss, outputs, [_shaped(g, v) for g, v in zip(grads, trained)]
 
     tower = current_tower()
     if not jit_compile or (tower is not None and tower.compiled):  # (inside its program)
@@ -77,6 +78,17 @@ def tower_gradients(
             "call it inside towers.replicate (or use train_step(..., jit_compile=True))."
         )
     return _passes(CompiledTower(one_pass, tower), shard, micro_batches, merge)
+
+
+def _shaped(grad: Any, var: tf.Variable) -> Any:
+    """`grad` with its variable's static shape (a gradient through dynamic shapes loses it)."""
+    if isinstance(grad, tf.Tensor) and grad.shape.is_compatible_with(var.shape):
+        grad.set_shape(var.shape)
+    elif isinstance(grad, tf.IndexedSlices) and var.shape.rank:
+        row = tf.TensorShape([None]).concatenate(var.shape[1:])
+        if grad.values.shape.is_compatible_with(row):
+            grad.values.set_shape(row)
+    return grad
 
 
 def _passes(one_pass: Callable, shard: Any, micro_batches: int, merge: Any) -> tuple:

@@ -1,0 +1,65 @@
+"""The models suite (`--suite=models`): real models' rows, their throughput and targets."""
+
+import numpy as np
+import tensorflow as tf
+
+from tests import test_util
+from towers.bench import _keras_gpt, _keras_resnet, _model_suite, _real_models
+
+
+class ModelsSuiteTest(tf.test.TestCase):
+    def test_uncompiled_rows_train_the_same_model(self):
+        """Every configuration from the same weights on the same batch: the same loss."""
+        rows = _model_suite.suite_rows(
+            "gpt_tiny", test_util.devices(2), None, global_batch=4, steps=1, warmup=0,
+            compute_dtype="float32", compiled=(False,),
+        )  # fmt: skip
+        labels = {r["config"] for r in rows}
+        self.assertEqual(
+            labels,
+            {
+                "one device",
+                "hand-written towers",
+                "towers replicated",
+                "towers ps",
+                "one device (tensor)",
+                "towers replicated (tensor)",
+            },
+        )
+        towers_rows = [r["loss"] for r in rows if r["config"].startswith(("towers", "hand"))]
+        test_util.assert_allclose(towers_rows, [towers_rows[0]] * len(towers_rows), rtol=1e-5)
+        for row in rows:
+            self.assertGreater(row["per_second"], 0)
+            self.assertAllClose(row["per_second"] * row["step_ms"] / 1e3, 4 * 32)  # tokens
+
+    def test_flops(self):
+        gpt = _real_models.REAL_MODELS["gpt_tiny"].build()
+        n = sum(int(np.prod(v.shape)) for v in gpt.trainable_weights) - (512 + 32) * 64
+        self.assertEqual(_keras_gpt.gpt_flops_per_token(gpt), 6 * n + 12 * 2 * 64 * 32)
+        resnet = _real_models.REAL_MODELS["resnet_small"].build()
+        macs = _keras_resnet.matmul_macs(resnet)
+        stem = 16 * 16 * 16 * 7 * 7 * 3  # 32x32 images, stride 2: 16x16 outputs, 16 channels
+        self.assertGreater(macs, stem)
+        self.assertEqual(_keras_resnet.conv_net_flops_per_example(resnet), 6 * macs)
+        per_second, mfu = _model_suite.throughput(1e9, 100, 50.0, num_devices=2, peak_tflops=1.0)
+        self.assertAllClose((per_second, mfu), (2000.0, 1.0))
+
+    def test_targets_compare_towers_fastest_row_with_its_peer(self):
+        key = dict(model="m", dtype="bfloat16", tf32=True, towers=2)
+        times = {
+            "towers replicated xla": 10.0,
+            "towers ps xla": 9.0,
+            "mirrored xla": 9.5,
+            "hand-written towers xla": 8.0,
+        }
+        rows = [dict(key, config=label, step_ms=ms) for label, ms in times.items()]
+        lines = _model_suite.targets_table(rows).splitlines()[1:]
+        self.assertLen(lines, 2)
+        self.assertIn("0.95", lines[0])  # 9.0 / 9.5: met
+        self.assertTrue(lines[0].endswith("met") and not lines[0].endswith("NOT met"))
+        self.assertIn("1.12", lines[1])  # 9.0 / 8.0 > 1.05
+        self.assertTrue(lines[1].endswith("NOT met"))
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,196 @@
+"""The models suite: real models on K devices, every configuration timed interleaved.
+
+`python -m towers.bench --suite=models` runs one process per device count (as the step
+suite does); each builds every configuration of `_model_steps` for each model and times them
+with `towers.bench._worker.time_interleaved`, printing one row each: milliseconds per step,
+images or tokens per second and model FLOP utilisation (of `--peak_tflops` per device).
+"""
+
+import functools
+import time
+from typing import Any
+
+import tensorflow as tf
+
+from towers.bench._model_steps import ModelFactory, model_rows
+from towers.bench._real_models import REAL_MODELS, mean_loss, repeated_dataset
+from towers.bench._tables import format_table
+from towers.bench._worker import time_interleaved
+
+PEAK_TFLOPS = 790.0  # an H200's dense bfloat16 peak as DESIGN.md takes it, per device
+
+
+def shared_factory(reference: Any, build: ModelFactory) -> ModelFactory:
+    """`build`, with `reference`'s weights copied into each model it makes."""
+    weights = reference.get_weights()
+
+    def make_model() -> Any:
+        model = build()
+        model.set_weights(weights)
+        return model
+
+    return make_model
+
+
+def throughput(
+    flops_per_item: float,
+    items_per_step: int,
+    step_ms: float,
+    num_devices: int = 1,
+    peak_tflops: float = PEAK_TFLOPS,
+) -> tuple[float, float]:
+    """(items per second, model FLOP utilisation) of a step.
+
+    Args:
+      flops_per_item: Training FLOPs per image or token (`RealModel.flops_per_item`).
+      items_per_step: Images, or tokens (batch x sequence), in one global batch.
+      step_ms: Milliseconds per step.
+      num_devices: Devices sharing the step; the peak is theirs together.
+      peak_tflops: One device's peak, in TFLOP/s.
+
+    Returns:
+      Items per second, and the achieved FLOP/s as a fraction of the devices' peak.
+
+    Raises:
+      ValueError: if `step_ms`, `num_devices` or `peak_tflops` is not positive.
+    """
+    for name, value in (
+        ("step_ms", step_ms),
+        ("num_devices", num_devices),
+        ("peak_tflops", peak_tflops),
+    ):
+        if not value > 0:
+            raise ValueError(f"`{name}` must be > 0; got {name}={value}.")
+    per_second = items_per_step / (step_ms / 1e3)
+    return per_second, per_second * flops_per_item / (num_devices * peak_tflops * 1e12)
+
+
+def suite_rows(
+    model_name: str,
+    devices: list[str],
+    strategy: tf.distribute.Strategy | None,
+    *,
+    global_batch: int,
+    steps: int,
+    warmup: int,
+    compute_dtype: str = "float32",
+    compiled: tuple[bool, ...] = (False, True),
+    peak_tflops: float = PEAK_TFLOPS,
+) -> list[dict]:
+    """One row per configuration of `model_name` on `devices`, timed interleaved.
+
+    Builds every configuration (its models from one reference's weights; uncompiled, then
+    compiled by XLA, as `compiled` says), then times them with `time_interleaved`:
+    "trace_s" is each step's first call (tracing and XLA compilation), "step_ms" the median
+    of `steps` calls after `warmup`. Rows fed by the dataset repeat one fixed batch.
+
+    Raises:
+      ValueError: if `model_name` is unknown, or `global_batch` does not split evenly over
+        the devices (the peers split with `tf.split`).
+    """
+    if model_name not in REAL_MODELS:
+        raise ValueError(f"`model_name` must be one of {sorted(REAL_MODELS)}; got {model_name!r}.")
+    if global_batch % len(devices):
+        raise ValueError(
+            f"`global_batch` must be a multiple of the number of devices; got "
+            f"global_batch={global_batch}, {len(devices)} devices. Use a multiple of it."
+        )
+    real = REAL_MODELS[model_name]
+    build = functools.partial(real.build, compute_dtype=compute_dtype)
+    reference = build()
+    make_model = shared_factory(reference, build)
+    batch = real.batch(global_batch, 0)
+    with tf.device("/cpu:0"):
+        data = tuple(tf.constant(t) for t in batch)
+    configs = {}
+    for jit_compile in compiled:
+        dataset = repeated_dataset(batch)
+        configs |= model_rows(
+            make_model, mean_loss, devices, strategy, dataset, jit_compile=jit_compile
+        )
+    built, build_s = {}, {}
+    for label, config in configs.items():
+        began = time.perf_counter()
+        built[label] = config()
+        build_s[label] = time.perf_counter() - began
+    flops = real.flops_per_item(reference)
+    rows = []
+    for label, (trace, seconds, loss) in time_interleaved(built, data, steps, warmup).items():
+        items = global_batch * real.items_per_example
+        per_second, mfu = throughput(flops, items, seconds * 1e3, len(devices), peak_tflops)
+        rows.append(
+            dict(
+                model=model_name,
+                dtype=compute_dtype,
+                tf32=tf.config.experimental.tensor_float_32_execution_enabled(),
+                towers=len(devices),
+                config=label,
+                batch=global_batch,
+                item=real.item,
+                build_s=build_s[label],
+                trace_s=trace,
+                step_ms=seconds * 1e3,
+                per_second=per_second,
+                mfu=mfu,
+                loss=loss,
+            )
+        )
+    return rows
+
+
+def _key(row: dict) -> tuple:
+    return row["model"], row["dtype"], row["tf32"], row["towers"]
+
+
+def models_table(rows: list[dict]) -> str:
+    """The rows as a table; "x floor" is one device compiled by XLA's time over the row's."""
+    header = ["model", "dtype", "K", "configuration", "trace s", "step ms", "items/s", "MFU %"]
+    floor = {_key(r): r["step_ms"] for r in rows if r["config"] == "one device xla"}
+    lines = []
+    for r in rows:
+        dtype = r["dtype"] + (" tf32" if r["tf32"] and r["dtype"] == "float32" else "")
+        ratio = floor[_key(r)] / r["step_ms"] if _key(r) in floor else "-"
+        lines.append(
+            (
+                r["model"],
+                dtype,
+                r["towers"],
+                r["config"],
+                r["trace_s"],
+                r["step_ms"],
+                f"{r['per_second']:.4g} {r['item']}",
+                100 * r["mfu"],
+                ratio,
+                f"{r['loss']:.6g}",
+            )
+        )
+    return format_table([*header, "x floor", "loss"], lines)
+
+
+# (what, towers' rows, the peer, the bound on towers' time over the peer's): issue #27's targets.
+_OURS_XLA, _OURS = ("towers replicated xla", "towers ps xla"), ("towers replicated", "towers ps")
+TARGETS = (
+    ("XLA vs MirroredStrategy compiled", _OURS_XLA, "mirrored xla", 1.00),
+    ("XLA vs the hand-written loop compiled", _OURS_XLA, "hand-written towers xla", 1.05),
+    ("no XLA vs MirroredStrategy", _OURS, "mirrored", 1.00),
+    ("no XLA vs one device", _OURS, "one device", 1.02),
+    ("the finiteness guard (XLA)", _OURS_XLA[:1], "towers replicated xla, no guard", None),
+)
+
+
+def targets_table(rows: list[dict]) -> str:
+    """Towers' fastest row of each kind over its peer's time, with the bound it must meet."""
+    by = {(_key(r), r["config"]): r["step_ms"] for r in rows}
+    lines = []
+    for key in sorted({_key(r) for r in rows}):
+        for what, ours, peer, bound in TARGETS:
+            mine = [by[key, label] for label in ours if (key, label) in by]
+            if not mine or (key, peer) not in by:
+                continue
+            ratio = min(mine) / by[key, peer]
+            verdict = "-" if bound is None else ("met" if ratio <= bound else "NOT met")
+            lines.append(
+                (key[0], key[1], key[3], what, ratio, "-" if bound is None else bound, verdict)
+            )
+    header = ["model", "dtype", "K", "target", "towers / peer", "bound", ""]
+    return format_table(header, lines)
