@@ -2,8 +2,9 @@
 
 from collections.abc import Sequence
 
-from towers.ops._all_reduce.base import AllReduce, check_wire_dtype
+from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
+from towers.ops._all_reduce.checks import check_wire_dtype
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
 from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec, unpack
@@ -95,7 +96,7 @@ def all_reduce_gradients(
     with collective_order():  # in a v1 graph, this step's collectives chain among themselves
         algorithm = all_reduce_algorithm(algorithm)
         beyond = algorithm.group_size(len(devices)) != len(devices)  # other workers' too
-        norm, carry = _weights_of(weights, devices, algorithm, bucket_bytes, wire_dtype)
+        norm, carry = weights_of(weights, devices, algorithm, bucket_bytes, wire_dtype)
         gather = sparse == "gather" and not beyond  # gathering reaches these devices only
         out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
         dense_columns = []
@@ -107,7 +108,7 @@ def all_reduce_gradients(
                 for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
                     out[i][j] = gathered
             else:
-                dense_columns.append((j, _dense(list(column), devices)))
+                dense_columns.append((j, dense_column(list(column), devices)))
         if dense_columns:
             reduced = _reduce_dense(
                 [c for _, c in dense_columns],
@@ -125,7 +126,7 @@ def all_reduce_gradients(
         return out
 
 
-def _weights_of(
+def weights_of(
     weights: Sequence[Weight] | None,
     devices: list,
     algorithm: AllReduce,
@@ -180,7 +181,7 @@ def _dtype_of(tower_grads: list, j: int) -> tf.DType:
     return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
 
 
-def _dense(column: list, devices: list) -> list[tf.Tensor]:
+def dense_column(column: list, devices: list) -> list[tf.Tensor]:
     """Each tower's gradient, dense and in float32 if half, on its device."""
     like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), None)
     dense = []

@@ -12,6 +12,9 @@ training program needs none of it. It is the one door through which `towers` rea
   previous one) and `outermost_graph`.
 - All-reduce pieces: `sum_on` (the sum of K values on one device) and `spread` (one value
   copied to K devices, bitwise equal), `check_all_reduce_options`.
+- Owned variables (sharded optimizer state): `owners_by_bytes` (an owner per variable),
+  `reduce_to_owners` (each owner its variables' mean gradient, reduce-scattered) and
+  `gather_from_owners` (every variable from its owner, all-gathered).
 - Weights of a mean: `normalized_weights`, `weight_in`, `accumulation_dtype`, and the types
   `Weight` and `Gradient`.
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
@@ -27,7 +30,7 @@ training program needs none of it. It is the one door through which `towers` rea
   TensorFlow has a kernel for an op and its dtypes on a kind of device).
 """
 
-from towers.ops._all_reduce.base import spread, sum_on
+from towers.ops._all_reduce.transfers import spread, sum_on
 from towers.ops._all_reduce_gradients import check_options as check_all_reduce_options
 from towers.ops._arguments import check_bool, check_int, check_number
 from towers.ops._autograph import library_code
@@ -47,6 +50,7 @@ from towers.ops._collectives import (
 )
 from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._kernels import has_kernel
+from towers.ops._owned import gather_from_owners, owners_by_bytes, reduce_to_owners
 from towers.ops._packing import check_bucket_bytes
 from towers.ops._slices import deduplicated, densified
 from towers.ops._tower_grads import Gradient
@@ -72,14 +76,17 @@ __all__ = [
     "derived_group_key",
     "derived_instance_key",
     "device_scope",
+    "gather_from_owners",
     "graph_state",
     "has_kernel",
     "host_scope",
     "library_code",
     "normalized_weights",
     "outermost_graph",
+    "owners_by_bytes",
     "random_group_key",
     "reduce_on",
+    "reduce_to_owners",
     "spread",
     "sum_on",
     "trace_count",

@@ -3,24 +3,9 @@
 import abc
 from collections.abc import Sequence
 
+from towers.ops._all_reduce import checks, parts
 from towers.ops._autograph import library_code
-from towers.ops._device_scope import host_scope
 from towers.ops._tensorflow import tf
-
-REDUCTIONS = ("sum", "mean")
-# What TensorFlow's AddN adds on a GPU (int32 in host memory).
-_ADDED_ON_GPUS = (
-    tf.float16,
-    tf.bfloat16,
-    tf.float32,
-    tf.float64,
-    tf.complex64,
-    tf.complex128,
-    tf.int32,
-    tf.int64,
-    tf.uint32,
-)
-WIRE_DTYPES = (None, tf.float16, tf.bfloat16)
 
 
 class AllReduce(abc.ABC):
@@ -82,8 +67,8 @@ class AllReduce(abc.ABC):
             differ.
         """
         values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
-        _check(values, devices, reduction, wire_dtype)
-        values = _same_shapes_at_run_time(values, devices)
+        checks.check(values, devices, reduction, wire_dtype)
+        values = checks.same_shapes_at_run_time(values, devices)
         if self.group_size(len(values)) == 1:
             with tf.device(devices[0]):
                 return [tf.identity(values[0])]
@@ -95,6 +80,155 @@ class AllReduce(abc.ABC):
             with tf.device(device):
                 out.append(value / tf.cast(self.group_size(len(values)), value.dtype))
         return out
+
+    @library_code
+    def reduce_scatter(
+        self,
+        values: Sequence[tf.Tensor],
+        devices: Sequence[str],
+        *,
+        sizes: Sequence[int] | None = None,
+        reduction: str = "sum",
+        wire_dtype: tf.DType | None = None,
+    ) -> list[tf.Tensor]:
+        """Each device's part of the sum (or mean): the all-reduce's first half.
+
+        The values (shape [N, ...]) are cut along their first axis into one part per device
+        of the group, `sizes[r]` rows for the device of rank r (this process's devices are
+        ranks `group_rank(K)` on); result i is part `group_rank(K) + i` of the sum, on
+        `devices[i]`. See `all_gather` for the other half.
+
+        Args:
+          values: K tensors of one shape (static first axis) and dtype, on `devices`.
+          devices: The K devices.
+          sizes: The rows of each device's part, one int per device of the group, summing
+            to N; default as even as `ops.split_batch` cuts (sizes differ by at most one).
+          reduction: "sum" or "mean".
+          wire_dtype: None, tf.float16 or tf.bfloat16: the dtype values cross devices in.
+
+        Returns:
+          K tensors, result i on `devices[i]` with `sizes[group_rank(K) + i]` rows.
+
+        Raises:
+          ValueError: as `__call__`, or if `sizes` is not one int >= 0 per device of the
+            group summing to N, or the first axis is not static.
+          TypeError: as `__call__`.
+        """
+        values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
+        checks.check(values, devices, reduction, wire_dtype)
+        group = self.group_size(len(values))
+        total = parts.first_dimension(values, "reduce_scatter")
+        sizes = parts.checked_sizes(sizes, total, group, "values' first dimension")
+        values = checks.same_shapes_at_run_time(values, devices)
+        if group == 1:
+            with tf.device(devices[0]):
+                return [tf.identity(values[0])]
+        summed = self.scatter_sum(values, devices, sizes, wire_dtype)
+        if reduction == "sum":
+            return summed
+        out = []
+        for value, device in zip(summed, devices):
+            with tf.device(device):
+                out.append(value / tf.cast(group, value.dtype))
+        return out
+
+    @library_code
+    def all_gather(
+        self,
+        values: Sequence[tf.Tensor],
+        devices: Sequence[str],
+        *,
+        sizes: Sequence[int] | None = None,
+    ) -> list[tf.Tensor]:
+        """Every device's part, concatenated in the group's order, on every device.
+
+        The all-reduce's second half: `all_gather(reduce_scatter(v, d, sizes=s), d,
+        sizes=s)` is `all_reduce(v, d)`. Result i on `devices[i]`, bitwise equal everywhere.
+
+        Args:
+          values: K parts, part i on `devices[i]`: `sizes[group_rank(K) + i]` rows, the
+            same dtype and trailing shape.
+          devices: The K devices.
+          sizes: The rows of each device's part, one int per device of the group; default
+            (a group of these devices only) the parts' own.
+
+        Returns:
+          K tensors of `sum(sizes)` rows, result i on `devices[i]`.
+
+        Raises:
+          ValueError: if the parts do not agree with `sizes` or with each other, or the group
+            reaches beyond `devices` and `sizes` is not given.
+          TypeError: for parts that are not numbers.
+        """
+        values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
+        group, rank = self.group_size(len(values)), self.group_rank(len(values))
+        if sizes is None:
+            if group != len(values):
+                raise ValueError(
+                    "all_gather across a group beyond these devices needs `sizes`: every "
+                    "device's rows, other processes' included."
+                )
+            sizes = [parts.first_dimension([v], "all_gather") for v in values]
+        sizes = parts.checked_sizes(sizes, sum(sizes), group, "gathered rows")
+        parts.check_parts(values, devices, sizes, rank)
+        checks.check(values, devices, "sum", None, shapes=False)  # (their rows differ)
+        if group == 1:
+            with tf.device(devices[0]):
+                return [tf.identity(values[0])]
+        return self.gather_parts(values, devices, sizes)
+
+    def scatter_sum(
+        self, values: list[tf.Tensor], devices: list[str], sizes: list[int], wire_dtype
+    ) -> list[tf.Tensor]:
+        """The extension point of `reduce_scatter` (checked arguments, a group of 2 or more).
+
+        The default keeps each device's part of the whole sum (`sum`); an algorithm that
+        can send less overrides it.
+
+        Args:
+          values: The K values.
+          devices: Their devices.
+          sizes: Every device's part's rows, in the group's order.
+          wire_dtype: As in `sum`.
+
+        Returns:
+          Part `group_rank(K) + i` of the sum on `devices[i]`, for each i.
+        """
+        whole = self.sum(values, devices, wire_dtype)
+        return parts.sliced(whole, devices, sizes, self.group_rank(len(values)))
+
+    def gather_parts(
+        self, values: list[tf.Tensor], devices: list[str], sizes: list[int]
+    ) -> list[tf.Tensor]:
+        """The extension point of `all_gather` (checked arguments, a group of 2 or more).
+
+        The default sums each part padded with zeros to the whole (adding zeros is exact);
+        an algorithm that can copy the parts overrides it.
+
+        Args:
+          values: The K parts.
+          devices: Their devices.
+          sizes: Every device's part's rows, in the group's order.
+
+        Returns:
+          The whole on each device, bitwise equal everywhere.
+        """
+        rank = self.group_rank(len(values))
+        return self.sum(parts.padded(values, devices, sizes, rank), devices, None)
+
+    def group_rank(self, num_values: int) -> int:
+        """The rank in the group of this process's first value.
+
+        0 unless the group spans other processes, whose devices may come first.
+
+        Args:
+          num_values: The number of values given, one per device.
+
+        Returns:
+          The rank of `values[0]`'s device among the group's devices.
+        """
+        del num_values
+        return 0
 
     def group_size(self, num_values: int) -> int:
         """How many values one all-reduce of `num_values` local values adds up.
@@ -130,112 +264,3 @@ class AllReduce(abc.ABC):
           be bitwise equal (compute each sum once and copy it, or add in the same order on
           every device) so that replicated variables updated with them stay identical.
         """
-
-
-def _check(values: list, devices: list, reduction: str, wire_dtype) -> None:
-    if not values or len(values) != len(devices):
-        raise ValueError(
-            f"All-reduce needs one value per device; got {len(values)} values and "
-            f"{len(devices)} devices."
-        )
-    first = values[0]
-    if not (first.dtype.is_floating or first.dtype.is_integer or first.dtype.is_complex):
-        raise TypeError(f"All-reduce adds numbers; got {first.dtype.name} values.")
-    if on_gpus(devices) and first.dtype not in _ADDED_ON_GPUS:
-        raise TypeError(
-            f"TensorFlow has no GPU kernel that adds {first.dtype.name} values (AddN); cast "
-            "them to int32 or int64 first."
-        )
-    if reduction == "mean" and first.dtype.is_integer:
-        raise TypeError(
-            f"The mean of {first.dtype.name} values is not an integer in general; all-reduce "
-            "with reduction='sum' and divide as floats, or cast the values to a float first."
-        )
-    if wire_dtype is not None and not first.dtype.is_floating:
-        raise ValueError(
-            f"`wire_dtype` sends floating-point values in fewer bits; {first.dtype.name} "
-            "values would lose their value. Pass wire_dtype=None for them."
-        )
-    for i, value in enumerate(values[1:], start=1):
-        if value.dtype != first.dtype or not value.shape.is_compatible_with(first.shape):
-            raise ValueError(
-                f"All-reduced values must agree in shape and dtype; value 0 is "
-                f"{first.dtype.name}{first.shape} and value {i} is {value.dtype.name}{value.shape}."
-            )
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"`reduction` must be one of {REDUCTIONS}; got {reduction!r}.")
-    check_wire_dtype(wire_dtype)
-
-
-def _same_shapes_at_run_time(values: list, devices: list) -> list:
-    """`values`, waiting for a check that their shapes agree where not all are static.
-
-    An algorithm splitting values into chunks by their own sizes would mix values of
-    different shapes silently.
-    """
-    if all(v.shape.is_fully_defined() for v in values):
-        return values
-    with host_scope():
-        checks = [
-            tf.debugging.assert_equal(
-                tf.shape(v, out_type=tf.int64),
-                tf.shape(values[0], out_type=tf.int64),
-                message=f"All-reduced values must agree in shape: value {i} and value 0 differ",
-            )
-            for i, v in enumerate(values[1:], start=1)
-        ]
-    out = []
-    for value, device in zip(values, devices):
-        with tf.device(device), tf.control_dependencies(checks):
-            out.append(tf.identity(value))
-    return out
-
-
-def on_gpus(devices: Sequence[str]) -> bool:
-    """Whether any of `devices` is a GPU."""
-    return any(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
-
-
-def check_wire_dtype(wire_dtype: tf.DType | None) -> None:
-    """Refuses a transfer dtype other than None, float16 and bfloat16 (a `ValueError`)."""
-    if wire_dtype not in WIRE_DTYPES:
-        raise ValueError(
-            f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."
-        )
-
-
-def to_wire(value: tf.Tensor, wire_dtype: tf.DType | None) -> tf.Tensor:
-    """`value` cast to the transfer dtype, or unchanged without one."""
-    return value if wire_dtype is None else tf.cast(value, wire_dtype)
-
-
-def sum_on(
-    device: str, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
-) -> tf.Tensor:
-    """The sum of `values` (value i on `devices[i]`), built on `device`.
-
-    Values leave their devices in `wire_dtype` and are added in their own dtype.
-    """
-    dtype = values[0].dtype
-    sent = []
-    for value, source in zip(values, devices):
-        with tf.device(source):
-            sent.append(to_wire(value, wire_dtype))
-    with tf.device(device):
-        return tf.add_n([tf.cast(v, dtype) for v in sent])
-
-
-def spread(
-    total: tf.Tensor, source: str, devices: list[str], dtype: tf.DType, wire_dtype: tf.DType | None
-) -> list[tf.Tensor]:
-    """`total` (on `source`) copied to each of `devices`, sent in `wire_dtype`, as `dtype`.
-
-    Every copy is the same cast of the same sent tensor: bitwise equal everywhere.
-    """
-    with tf.device(source):
-        sent = to_wire(total, wire_dtype)
-    out = []
-    for device in devices:
-        with tf.device(device):
-            out.append(tf.cast(tf.identity(sent), dtype))
-    return out

@@ -3,7 +3,9 @@
 import functools
 import itertools
 
-from towers.ops._all_reduce.base import AllReduce, on_gpus, to_wire
+from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.checks import on_gpus
+from towers.ops._all_reduce.transfers import to_wire
 from towers.ops._arguments import check_int, check_number
 from towers.ops._collectives import ALL_REDUCE, random_group_key, reduce_on
 from towers.ops._tensorflow import tf

@@ -1,7 +1,8 @@
 """Hierarchical all-reduce: sum within groups of devices, all-reduce across their leaders."""
 
-from towers.ops._all_reduce.base import AllReduce, spread, sum_on
+from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.flat import flat_algorithm
+from towers.ops._all_reduce.transfers import spread, sum_on
 from towers.ops._arguments import check_int
 from towers.ops._tensorflow import tf
 

@@ -4,7 +4,8 @@ import itertools
 import uuid
 from collections.abc import Sequence
 
-from towers.ops._all_reduce.base import AllReduce, to_wire
+from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.transfers import to_wire
 from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 

@@ -142,14 +142,20 @@ def towers_replicated(
     algorithm: str | towers.ops.AllReduce,
     bucket_bytes: int | None = 4 * 2**20,
     optimizer: str = "sgd",
+    sharded: bool = False,
 ) -> Step:
     """`towers.train_step` with `Replicated` variables and the given all-reduce.
 
-    In a v1 graph the copies are not broadcast: the models' initial values are the same
-    (stateless, seeded) on every device.
+    With `sharded`, the optimizer state is sharded (`shard_optimizer_state=True`). In a v1
+    graph the copies are not broadcast: the models' initial values are the same (stateless,
+    seeded) on every device.
     """
     replicas = towers.Replicated(
-        MODELS[model_name], devices, all_reduce=algorithm, bucket_bytes=bucket_bytes
+        MODELS[model_name],
+        devices,
+        all_reduce=algorithm,
+        bucket_bytes=bucket_bytes,
+        shard_optimizer_state=sharded,
     )
     optimizer = towers_optimizer(optimizer)
 
@@ -259,6 +265,14 @@ def step_bodies(
     for algorithm in algorithms:
         bodies[f"towers replicated {algorithm}"] = functools.partial(
             towers_replicated, algorithm=algorithm, bucket_bytes=bucket_bytes, optimizer=optimizer
+        )
+    if algorithms and optimizer != "sgd":  # plain SGD keeps no state to shard
+        bodies[f"towers replicated {algorithms[0]} sharded"] = functools.partial(
+            towers_replicated,
+            algorithm=algorithms[0],
+            bucket_bytes=bucket_bytes,
+            optimizer=optimizer,
+            sharded=True,
         )
     return bodies
 

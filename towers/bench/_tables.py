@@ -27,6 +27,7 @@ def step_table(rows: list[dict]) -> str:
         "x one device",
         "x mirrored",
         "all-reduces",
+        "state KiB/dev",
         "loss",
     ]
     lines = []
@@ -44,12 +45,14 @@ def step_table(rows: list[dict]) -> str:
                 one / r["step_ms"] if one else "-",
                 mirrored / r["step_ms"] if mirrored else "-",
                 r["all_reduces"] if r["all_reduces"] is not None else "-",
+                r["state_kb"] if r.get("state_kb") is not None else "-",
                 f"{r['loss']:.7g}",
             )
         )
     note = (
         "x one device, x mirrored: that time divided by this row's (above 1: this row is "
-        "faster). all-reduces: per device and step. loss: the last step's, the same for "
+        "faster). all-reduces: per device and step. state KiB/dev: the optimizer state of "
+        "the device holding the most (sharded: a share). loss: the last step's, the same for "
         f"every configuration (same weights, data, steps and rule: {rows[0]['optimizer']}). "
         f"Devices: {_devices_seen(rows)}; TensorFloat-32 {'on' if rows[0]['tf32'] else 'off'}."
     )

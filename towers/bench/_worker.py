@@ -11,7 +11,7 @@ import tensorflow as tf
 import towers
 from towers import ops
 from towers.bench._models import MODELS, batch
-from towers.bench._steps import configurations
+from towers.bench._steps import configurations, towers_optimizer
 
 DEFAULT_BATCH = {"mlp": 1024, "cnn": 256, "many_small": 1024}
 # The trace-time target's pair: their first calls are the median of this many fresh builds
@@ -71,6 +71,7 @@ def run_worker(
                     "step_ms": seconds * 1e3,
                     "loss": loss,
                     "all_reduces": _all_reduces(label, model, bucket_bytes),
+                    "state_kb": _state_kb(label, model, devices, optimizer),
                     "devices": devices,
                     "tf32": tf.config.experimental.tensor_float_32_execution_enabled(),
                 }
@@ -162,6 +163,22 @@ def time_step(step, data, steps: int, warmup: int) -> tuple[float, float, float]
         loss = float(step(data))
         times.append(time.perf_counter() - began)
     return trace, statistics.median(times), loss
+
+
+def _state_kb(label: str, model: str, devices: list[str], optimizer: str) -> float | None:
+    """The largest device's optimizer state, in KiB, of a replicated configuration."""
+    if "replicated" not in label or "(v1 session)" in label:
+        return None
+    replicas = towers.Replicated(
+        MODELS[model], devices, shard_optimizer_state=label.endswith("sharded")
+    )
+    state = towers_optimizer(optimizer)
+    state.build(replicas.state_copies())
+    per_device: dict[str, int] = {}
+    for var in state.slot_variables:
+        size = var.shape.num_elements() * var.dtype.size
+        per_device[var.device] = per_device.get(var.device, 0) + size
+    return max(per_device.values(), default=0) / 1024
 
 
 def _all_reduces(label: str, model: str, bucket_bytes: int | None) -> int | None:

@@ -21,6 +21,7 @@ from towers.data import StagedInput
 from towers.optimizers import Optimizer, is_keras
 from towers.step import GradientAccumulator
 from towers.variables import Copies, Target, named_variables, variable_copies
+from towers.variables import state_copies as copies_keeping_state
 from towers.weights import assign_arrays, match_arrays, read_arrays, values_of
 
 STEP = "__step__"
@@ -64,7 +65,7 @@ def state_copies(model: Target, optimizer: Any, extra: Mapping[str, Target]) -> 
         if _iterator_of(target) is not None:  # no variables: its position is saved as bytes
             continue
         if isinstance(target, GradientAccumulator):  # its sums, like slots, follow the model
-            target.build(variable_copies(model))
+            target.build(copies_keeping_state(model))
         copies.update({f"extra/{key}/{n}": group for n, group in variable_copies(target).items()})
     return copies
 
@@ -76,7 +77,7 @@ def optimizer_state(model: Target, optimizer: Any) -> Any:
     optimizer builds its own and is named by its variables' paths.
     """
     if isinstance(optimizer, Optimizer):
-        optimizer.build(variable_copies(model))
+        optimizer.build(copies_keeping_state(model))
     elif is_keras(optimizer):
         if not getattr(optimizer, "built", False):
             optimizer.build([v for v in named_variables(model).values() if v.trainable])

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from towers.ops.internal import deduplicated, densified, device_scope, library_code, update_ops
 from towers.optimizers._checks import check_learning_rate
-from towers.variables import CopiedState, Copies, canonical_name, variable_copies
+from towers.variables import CopiedState, Copies, canonical_name, state_copies
 
 Gradient = tf.Tensor | tf.IndexedSlices
 LearningRate = float | tf.Tensor | tf.Variable | Callable[[tf.Tensor], Any]
@@ -128,13 +128,15 @@ class Optimizer(tf.Module, CopiedState):
 
         Args:
           variables: What to build for: a model (a `tf.Module`, a list or dict of variables),
-            a strategy holding copies (`towers.Replicated`), or a mapping of canonical name to
-            the variable's copies (`strategy.variable_copies(model)`).
+            a strategy holding copies (`towers.Replicated`: the copies that keep state), or a
+            mapping of canonical name to the variable's copies (`strategy.state_copies(model)`;
+            None for a copy that keeps none).
         """
-        copies = variables if _is_copies(variables) else variable_copies(variables)
+        copies = variables if _is_copies(variables) else state_copies(variables)
         for name, group in copies.items():
             for copy, var in enumerate(group):
-                self._state_of(var, name, copy)
+                if var is not None:  # sharded state: this copy keeps none
+                    self._state_of(var, name, copy)
 
     @library_code
     def state_name(self, var: tf.Variable) -> str:

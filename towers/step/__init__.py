@@ -7,8 +7,9 @@ finiteness guard, the optimizer); micro-batches, `GradientAccumulator` and loss 
 """
 
 from towers.step._accumulator import GradientAccumulator
-from towers.step._apply_reduced import apply_reduced, apply_replicated
+from towers.step._apply_reduced import apply_reduced
 from towers.step._loss_scale import DynamicLossScale, LossScale
+from towers.step._reduce import apply_replicated
 from towers.step._tower_builder import replicate
 from towers.step._tower_gradients import tower_gradients
 from towers.step._train_step import train_step, variable_list

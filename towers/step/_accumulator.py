@@ -48,11 +48,12 @@ class GradientAccumulator(tf.Module, CopiedState):
         """Creates the sums of every copy of every variable that lacks one.
 
         Args:
-          copies: Canonical name -> the variable's copies, as strategies give them.
+          copies: Canonical name -> the variable's copies, as strategies give them
+            (`state_copies`: None for a copy that keeps no state).
         """
         for name, group in copies.items():
             for copy, var in enumerate(group):
-                if var.ref() not in self._sums:
+                if var is not None and var.ref() not in self._sums:  # (None: sharded state)
                     with tf.init_scope(), tf.device(var.device):
                         total = tf.Variable(
                             tf.zeros(var.shape, var.dtype), trainable=False, name=f"{name}/sum"

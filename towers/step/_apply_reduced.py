@@ -24,7 +24,7 @@ from towers.step._nonfinite import (
     true_after,
     verdict,
 )
-from towers.variables import ReducedGradients, VariableStrategy
+from towers.variables import ReducedGradients
 
 GradientHook = Callable[[list, list], Sequence]
 
@@ -135,7 +135,11 @@ def _apply_now(
     updates = []
     for copy, grads in zip(reduced, hooked):
         with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
-            pairs = [(g, v) for g, v in zip(grads, copy.variables) if g is not None]
+            pairs = [
+                (g, v)
+                for j, (g, v) in enumerate(zip(grads, copy.variables))
+                if g is not None and _keeps(copy, j)
+            ]
             if nonfinite == "skip":
                 updates.append(applied_if(finite, lambda pairs=pairs: apply_gradients(pairs)))
             else:
@@ -151,12 +155,14 @@ def _apply_now(
 def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradients]) -> None:
     """Gives every copy its own optimizer state, or refuses an optimizer that cannot.
 
-    A towers optimizer builds state for copy i from `reduced[i]`, named as copy 0's (state
-    built already, e.g. by `train_step` from the model's names, stays as it is). Any other
-    optimizer would keep one state for all copies and update it once per copy per step.
+    A towers optimizer builds state for copy i from `reduced[i]`, named as copy 0's (or, with
+    sharded state, as the copy's that keeps it; state built already, e.g. by `train_step`
+    from the model's names, stays as it is). Any other optimizer would keep one state for
+    all copies and update it once per copy per step.
     """
     if len(reduced) < 2:
         return
+    firsts = reduced[0].variables
     if not isinstance(optimizer, Optimizer):
         raise ValueError(
             f"With {len(reduced)} copies of the variables (towers.Replicated), the optimizer "
@@ -164,11 +170,18 @@ def _state_per_copy(optimizer: AppliesGradients, reduced: Sequence[ReducedGradie
             f"(towers.SGD, towers.Adam, ...); got {type(optimizer).__name__}, which would "
             f"update its state {len(reduced)} times per step."
         )
-    firsts = reduced[0].variables
-    names = [optimizer.state_name(var) for var in firsts]
-    optimizer.build(
-        {name: tuple(copy.variables[j] for copy in reduced) for j, name in enumerate(names)}
-    )
+    built = {}
+    for j in range(len(firsts)):  # named after the copy that keeps it (sharded: its owner)
+        keeping = [copy.variables[j] if _keeps(copy, j) else None for copy in reduced]
+        first = next((var for var in keeping if var is not None), None)
+        if first is not None:
+            built[optimizer.state_name(first)] = tuple(keeping)
+    optimizer.build(built)
+
+
+def _keeps(copy: ReducedGradients, j: int) -> bool:
+    """Whether `copy` updates (and keeps optimizer state for) variable j."""
+    return copy.state is None or copy.state[j]
 
 
 def unique_rows(grad: Any) -> Any:
@@ -194,33 +207,6 @@ def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
             g = g * tf.cast(inverse, g.dtype)
         out.append(g)
     return out
-
-
-def apply_replicated(
-    replicas: VariableStrategy,
-    tower_grads: list,
-    sizes: list,
-    optimizer: AppliesGradients,
-    gradient_hook: GradientHook | None = None,
-) -> list:
-    """All-reduces tower gradients and applies the same update to every replica.
-
-    The same as `apply_reduced(replicas.reduce_gradients(replicas, tower_grads, sizes), ...)`.
-
-    Args:
-      replicas: The `Replicated` model (or another strategy holding its copies).
-      tower_grads: `K x N` gradients, tower i's for replica i's variables.
-      sizes: The shard sizes (weights of the mean).
-      optimizer: Applies each replica's update on its device; state per copy.
-      gradient_hook: As in `train_step`, called once per replica with its (identical)
-        reduced gradients; it must treat them alike to keep the replicas identical.
-
-    Returns:
-      The K optimizer updates.
-    """
-    return apply_reduced(
-        replicas.reduce_gradients(replicas, tower_grads, sizes), optimizer, gradient_hook
-    )
 
 
 @library_code

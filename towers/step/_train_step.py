@@ -17,6 +17,7 @@ from towers.step._compiled import check_jit_compile
 from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
 from towers.step._nonfinite import NONFINITE
+from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
 from towers.step._tower_gradients import Variables, tower_gradients
 from towers.variables import VariableStrategy, deferred_state_updates
@@ -138,14 +139,14 @@ def train_step(
             per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
         losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
         _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
-        reduced = strategy.reduce_gradients(variables, tower_grads, sizes)
+        reduced = reduce_for(strategy, variables, tower_grads, sizes, gradient_hook)
     _prepare(optimizer, strategy, variables, len(reduced))
     if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
         raise TypeError(
             f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
         )
     if accumulate is not None:
-        accumulate.build(strategy.variable_copies(variables))
+        accumulate.build(strategy.state_copies(variables))
     updates = apply_reduced(
         reduced,
         optimizer,
@@ -161,6 +162,7 @@ def train_step(
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
     else:
         outputs = None
+    updates += strategy.after_update(variables, updates)  # (sharded state: the all-gather)
     with tf.control_dependencies(update_ops(updates)):
         loss = tf.identity(loss)
     return loss, outputs
@@ -210,7 +212,7 @@ def _prepare(
         optimizer.build(strategy.tower_variables(model, None))  # all slots, as checkpoints do
     if isinstance(optimizer, Optimizer):
         try:
-            copies = strategy.variable_copies(model)
+            copies = strategy.state_copies(model)
         except ValueError:
             return
         optimizer.build(copies)

@@ -18,7 +18,7 @@ from towers.variables._parameter_server import ParameterServer
 from towers.variables._replica_checks import check_replicas_identical
 from towers.variables._replicated import Replicated
 from towers.variables._strategy import ReducedGradients, VariableStrategy, updates_state
-from towers.variables._targets import Target, named_variables, variable_copies
+from towers.variables._targets import Target, named_variables, state_copies, variable_copies
 
 __all__ = [
     "CopiedState",
@@ -35,6 +35,7 @@ __all__ = [
     "deferred_state_updates",
     "defers_state_updates",
     "named_variables",
+    "state_copies",
     "updates_state",
     "variable_copies",
 ]

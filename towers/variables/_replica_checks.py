@@ -1,11 +1,17 @@
-"""Checks that replicated copies agree: in structure when built, bit for bit after steps."""
+"""Checks of replicated copies: their structure when built, their bits after steps, towers."""
+
+import contextlib
+import functools
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from towers.core import TowerContext
 from towers.ops.internal import library_code
 from towers.variables._names import names_of
 from towers.variables._targets import Target, variable_copies
+from towers.workers import broadcast_from_chief, current_workers
 
 
 @library_code
@@ -68,3 +74,39 @@ def check_same_structure(replicas: list[tf.Module]) -> None:
                 f"Replica {i} differs from replica 0 in variables {differ}; `build` must build "
                 "the same model every time."
             )
+
+
+def tower_scope(tower: TowerContext, devices: list[str]) -> contextlib.AbstractContextManager:
+    """`Replicated`'s tower scope: tower i on replica i's device; no variable created.
+
+    Raises:
+      ValueError: naming the tower and the replicas' devices.
+    """
+    if tower.num_towers != len(devices) or tower.device != devices[tower.index]:
+        raise ValueError(
+            f"`devices` must be the devices of the Replicated variables, one tower per "
+            f"replica; got tower {tower.index} of {tower.num_towers} on {tower.device!r}, "
+            f"replicas on {devices}."
+        )
+    return tf.variable_creator_scope(functools.partial(_refuse, tower))
+
+
+def _refuse(tower: TowerContext, next_creator: Any, **kwargs: Any) -> tf.Variable:
+    """A variable creator that refuses: `Replicated`'s replicas are built up front."""
+    del next_creator
+    raise ValueError(
+        f"Tower {tower.index} created variable {kwargs.get('name')!r}; with Replicated "
+        "every variable must exist when the Replicated is built. Build the model "
+        "completely in `build` (e.g. call it once on a sample)."
+    )
+
+
+def copy_first(groups: list[tuple], algorithm: Any, devices: list[str]) -> tf.Operation | None:
+    """Every copy takes the first copy's value (worker 0's, across workers).
+
+    Now, or the op that does it in a v1 graph (`Replicated.broadcast`).
+    """
+    if current_workers().num_workers > 1:
+        return broadcast_from_chief(algorithm, devices, groups)
+    assigned = [copy.assign(copies[0]) for copies in groups for copy in copies[1:]]
+    return None if tf.compat.v1.executing_eagerly_outside_functions() else tf.group(assigned)

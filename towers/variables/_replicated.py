@@ -8,36 +8,38 @@ import tensorflow as tf
 
 import towers.ops as ops
 from towers.core import TowerContext, check_devices_exist, current_tower, device_list
-from towers.ops.internal import Gradient, Weight, check_all_reduce_options, library_code
+from towers.ops.internal import (
+    Gradient,
+    Weight,
+    check_all_reduce_options,
+    check_bool,
+    library_code,
+)
 from towers.variables._names import Copies, names_of
-from towers.variables._replica_checks import check_new_replica, check_same_structure
+from towers.variables._replica_checks import (
+    check_new_replica,
+    check_same_structure,
+    copy_first,
+    tower_scope,
+)
+from towers.variables._sharded import ShardedState
 from towers.variables._strategy import ReducedGradients, VariableStrategy, trainable_list
-from towers.workers import algorithm_for_workers, broadcast_from_chief, current_workers
+from towers.workers import algorithm_for_workers
 
 
 class Replicated(VariableStrategy):
     """One copy of a model per device; gradients all-reduced, the same update everywhere.
 
-    The one way to write a model for this strategy: give a function that builds the model
-    with its variables (call it on a sample if it creates them lazily); `Replicated` calls it
-    once per device, under `tf.device`, and copies the first replica's values to the others
-    (in a v1 graph: run `broadcast()`'s op after the initializer).
-    Tower code takes its own copy with `local()`:
+    Give a function that builds the model with its variables (call it on a sample if it
+    creates them lazily); `Replicated` calls it once per device, under `tf.device`, and
+    copies the first replica's values to the others (in a v1 graph: run `broadcast()`'s op
+    after the initializer). Tower code takes its own copy with `local()`:
+    `loss_fn(shard)` calls `replicas.local()(shard[0])` (README's *Replicated variables*).
 
-        replicas = towers.Replicated(lambda: build_model(), devices)
-
-        def loss_fn(shard):
-            logits = replicas.local()(shard["x"])     # this tower's copy, on its device
-            ...
-
-        towers.train_step(loss_fn, replicas, towers.SGD(0.1), batch, devices)
-
-    Every tower reads its local copy, so no variable crosses devices in the forward pass;
-    `train_step` all-reduces the gradients (`ops.all_reduce_gradients`) and applies the same
-    update to each copy, with optimizer state per copy. Weight files see one copy, with the
-    first replica's names: `save_weights(replicas, path)` writes it and `restore_weights`
-    loads it into every copy. A `VariableStrategy` that holds its own copies: pass it as the
-    model to `train_step`, `save_weights` and `CheckpointManager`.
+    Every tower reads its local copy; `train_step` all-reduces the gradients and applies the
+    same update to each copy, with optimizer state per copy (or sharded). Weight files see
+    one copy under the first replica's names. Pass it as the model to `train_step`,
+    `save_weights` and `CheckpointManager`: it holds its own copies.
 
     Args:
       build: Called with no argument once per device; returns a `tf.Module` whose
@@ -47,6 +49,10 @@ class Replicated(VariableStrategy):
       bucket_bytes: Gradient packing bucket size; None for one all-reduce per variable.
       wire_dtype: None, tf.float16 or tf.bfloat16 for compressed transfers.
       sparse: "gather" (IndexedSlices stay sparse) or "dense".
+      shard_optimizer_state: Keep each variable's optimizer state on one copy only (its
+        owner; whole variables, balanced by bytes: `owners`): gradients are reduce-scattered
+        to the owners, each owner updates its variables, and the updated values are
+        all-gathered into every copy (README's *Sharded optimizer state*).
 
     Raises:
       ValueError: if devices repeat or do not exist, an option is out of range, a replica has
@@ -64,6 +70,7 @@ class Replicated(VariableStrategy):
         bucket_bytes: int | None = 4 * 2**20,
         wire_dtype: tf.DType | None = None,
         sparse: str = "gather",
+        shard_optimizer_state: bool = False,
     ):
         if not callable(build) or isinstance(build, tf.Module):
             raise TypeError(
@@ -85,6 +92,10 @@ class Replicated(VariableStrategy):
             check_new_replica(replica, self.replicas)
             self.replicas.append(replica)
         check_same_structure(self.replicas)
+        self.shard_optimizer_state = check_bool(shard_optimizer_state, "shard_optimizer_state")
+        self._sharded = None
+        if shard_optimizer_state:
+            self._sharded = ShardedState(self.variables_of(0), self.algorithm, len(self.devices))
         if tf.compat.v1.executing_eagerly_outside_functions():  # not in a v1 graph, whose
             self.broadcast()  # variables get values only in a session
 
@@ -112,6 +123,39 @@ class Replicated(VariableStrategy):
         """
         return trainable_list(self.replicas[index])
 
+    @property
+    def owners(self) -> list[int] | None:
+        """With sharded state, the owner of each of `variables_of(0)`; else None.
+
+        An owner is a device's rank in the group (every worker's devices, in worker order).
+        """
+        return None if self._sharded is None else list(self._sharded.owners)
+
+    def state_copies(self, model: Any = None) -> dict[str, tuple[tf.Variable | None, ...]]:
+        """Every variable's copies that keep optimizer state: the owner's only when sharded.
+
+        Args:
+          model: This `Replicated`, or None.
+
+        Returns:
+          Canonical name -> for each replica, its copy or None.
+        """
+        copies = self.variable_copies(model)
+        return copies if self._sharded is None else self._sharded.state_copies(copies)
+
+    def after_update(self, model: Any, updates: list) -> list:
+        """With sharded state, every copy takes the owners' updated values (all-gathered).
+
+        Args:
+          model: This `Replicated`.
+          updates: The owners' updates, which the copies wait for.
+
+        Returns:
+          The assignments (none without sharding).
+        """
+        self._check_model(model)
+        return [] if self._sharded is None else self._sharded.gather(self, updates)
+
     @library_code
     def variable_copies(self, model: Any = None) -> Copies:
         """Every variable's copies, first replica first, under the first replica's names.
@@ -133,19 +177,12 @@ class Replicated(VariableStrategy):
 
         Across workers (`towers.init_workers`), worker 0's first replica's values go to every
         replica of every worker. The constructor calls it eagerly; in a v1 graph, run the op
-        it returns once the variables are initialized (every worker, at the same point):
-
-            sess.run(tf.compat.v1.global_variables_initializer())
-            sess.run(broadcast_op)  # broadcast_op = replicas.broadcast(), built before
+        it returns after the initializer, every worker at the same point (README's *v1*).
 
         Returns:
           None eagerly; in a v1 graph, the op that copies.
         """
-        groups = list(self.variable_copies().values())
-        if current_workers().num_workers > 1:
-            return broadcast_from_chief(self.algorithm, self.devices, groups)
-        assigned = [copy.assign(copies[0]) for copies in groups for copy in copies[1:]]
-        return None if tf.compat.v1.executing_eagerly_outside_functions() else tf.group(assigned)
+        return copy_first(list(self.variable_copies().values()), self.algorithm, self.devices)
 
     @library_code
     def all_reduce(
@@ -184,21 +221,7 @@ class Replicated(VariableStrategy):
         Raises:
           ValueError: if the towers are not built on the replicas' devices.
         """
-        if tower.num_towers != len(self.devices) or tower.device != self.devices[tower.index]:
-            raise ValueError(
-                f"`devices` must be the devices of the Replicated variables, one tower per "
-                f"replica; got tower {tower.index} of {tower.num_towers} on {tower.device!r}, "
-                f"replicas on {self.devices}."
-            )
-
-        def refuse(next_creator, **kwargs):
-            raise ValueError(
-                f"Tower {tower.index} created variable {kwargs.get('name')!r}; with Replicated "
-                "every variable must exist when the Replicated is built. Build the model "
-                "completely in `build` (e.g. call it once on a sample)."
-            )
-
-        return tf.variable_creator_scope(refuse)
+        return tower_scope(tower, self.devices)
 
     def updates_state(self, tower: TowerContext) -> bool:
         """Every tower updates its own copy's state (see `towers.updates_state`)."""
@@ -225,20 +248,32 @@ class Replicated(VariableStrategy):
 
     @library_code
     def reduce_gradients(
-        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+        self,
+        model: Any,
+        tower_grads: list[list[Gradient]],
+        weights: Sequence[Weight],
+        *,
+        every_gradient: bool = False,
     ) -> list[ReducedGradients]:
         """All-reduces the tower gradients: one update per replica, on its device.
+
+        With sharded state, reduce-scatters them: replica i gets the gradients of the
+        variables it owns (None for the others), unless `every_gradient` (for a hook).
 
         Args:
           model: This `Replicated`.
           tower_grads: K lists of N gradients, tower i's for replica i.
           weights: K weights (shard sizes).
+          every_gradient: With sharded state, all-reduce all the same; each replica still
+            updates only its own.
 
         Returns:
-          K `ReducedGradients`, the i-th for replica i's variables on its device; all K
-          gradient lists are bitwise equal, so the copies stay identical.
+          K `ReducedGradients`, the i-th for replica i's variables on its device, bitwise
+          equal where given, so the copies stay identical.
         """
         self._check_model(model)
+        if self._sharded is not None:
+            return self._sharded.reduce(self, tower_grads, weights, every_gradient)
         reduced = self.all_reduce(tower_grads, weights=weights)
         return [
             ReducedGradients(grads, self.variables_of(i), device)

@@ -27,17 +27,22 @@ class ReducedGradients:
       grads: One gradient per variable (None: no update for it).
       variables: The variables they update, aligned with `grads`.
       device: Where to build the update; None leaves each update on its variable's device.
+      state: Which variables this copy updates and keeps optimizer state for, aligned with
+        `variables` (sharded state: its own); None for all. The others are neither updated
+        nor given state here, whatever the gradient hook returns for them.
     """
 
     grads: list[Gradient]
     variables: list[tf.Variable]
     device: str | None = None
+    state: tuple[bool, ...] | None = None
 
 
 class VariableStrategy(abc.ABC):
     """Where the variables of towers live, and how tower gradients become updates.
 
-    The protocol, four methods:
+    The protocol, four methods (and two with defaults, `state_copies` and `after_update`,
+    for a strategy that shards optimizer state):
 
     1. `scope(tower)`: the context each tower is built in; it places the variables tower code
        creates (or refuses them), and may check the tower against the strategy's devices.
@@ -107,6 +112,35 @@ class VariableStrategy(abc.ABC):
           Whether to build the update in this tower.
         """
         return tower.is_chief
+
+    def state_copies(self, model: Any) -> dict[str, tuple[tf.Variable | None, ...]]:
+        """Which copies of each variable keep optimizer (and accumulator) state.
+
+        The default: every copy. A strategy sharding the state gives None for a copy that
+        keeps none.
+
+        Args:
+          model: The variables to train.
+
+        Returns:
+          Canonical name -> for each copy, the variable or None.
+        """
+        return dict(self.variable_copies(model))
+
+    def after_update(self, model: Any, updates: list) -> list:
+        """Ops that run after the copies' updates (e.g. copying updated shares to every copy).
+
+        The default: none. `train_step` (and `apply_replicated`) build them last.
+
+        Args:
+          model: The variables to train.
+          updates: The update ops, to run after.
+
+        Returns:
+          The ops.
+        """
+        del model, updates
+        return []
 
     @abc.abstractmethod
     def variable_copies(self, model: Any) -> Copies:

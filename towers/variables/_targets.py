@@ -50,3 +50,14 @@ def variable_copies(target: Target) -> Copies:
     if isinstance(target, CopiedState):
         return target.variable_copies()
     return {name: (var,) for name, var in names_of(target).items()}
+
+
+def state_copies(target: Target) -> dict[str, tuple[tf.Variable | None, ...]]:
+    """Like `variable_copies`, with None for the copies that keep no optimizer state.
+
+    A `VariableStrategy` answers for itself (`strategy.state_copies(strategy)`: sharded
+    state keeps one copy's); anything else: every copy.
+    """
+    if isinstance(target, VariableStrategy):
+        return target.state_copies(target)
+    return dict(variable_copies(target))

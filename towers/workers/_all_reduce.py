@@ -55,6 +55,10 @@ class WorkersAllReduce(CollectiveAllReduce):
         """Every worker's devices: `num_values` local ones times the number of workers."""
         return num_values * current_workers().num_workers
 
+    def group_rank(self, num_values: int) -> int:
+        """This worker's first device's rank: the workers' devices in worker order."""
+        return current_workers().index * num_values
+
     def keys(self, value: tf.Tensor, devices: list[str]) -> tuple[int, int, int]:
         """Keys every worker derives alike; see the class docstring."""
         size = self.group_size(len(devices))

@@ -73,12 +73,18 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
                 "x one device",
                 "x mirrored",
                 "all-reduces",
+                "state KiB/dev",
                 "loss",
             ],
         )
         step_lines = lines[1 : lines.index("")]  # the targets' table follows a blank line
         rows = [dict(zip(header, _cells(line))) for line in step_lines if _cells(line)[0] == "mlp"]
         expected = CONFIGURATIONS - ({"mirrored strategy"} if optimizer != "sgd" else set())
+        if optimizer != "sgd":  # state to shard
+            expected |= {
+                "towers replicated ring sharded",
+                "towers replicated ring sharded (v1 session)",
+            }
         self.assertLen(rows, len(expected))  # one row each, none twice
         by_config = {row["configuration"]: row for row in rows}
         self.assertEqual(set(by_config), expected)
@@ -107,6 +113,11 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(by_config["towers replicated ring"]["all-reduces"], "1")  # one bucket
         self.assertEqual(by_config["towers replicated ring (v1 session)"]["all-reduces"], "1")
         self.assertEqual(by_config["towers ps"]["all-reduces"], "-")
+        if optimizer != "sgd":  # Adam's 2 slots of the MLP's 407 K weights, half on each device
+            whole = float(by_config["towers replicated ring"]["state KiB/dev"])
+            self.assertAllClose(whole, 2 * 4 * (784 * 512 + 512 + 512 * 10 + 10) / 1024, rtol=1e-3)
+            share = float(by_config["towers replicated ring sharded"]["state KiB/dev"])
+            self.assertLess(share, whole)
         # The targets: towers' fastest row against the hand-written loop, run the same way.
         at = next(i for i, line in enumerate(lines) if _cells(line)[:3] == ["model", "K", "run by"])
         targets = [dict(zip(_cells(lines[at]), _cells(line))) for line in lines[at + 1 : at + 3]]

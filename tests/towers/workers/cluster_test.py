@@ -31,7 +31,7 @@ def _ports(n):
     return ports
 
 
-def _start_workers(n, *args, devices=2, local_first=True):
+def _start_workers(n, *args, devices=2, local_first=True, sharded=False):
     """Starts `n` workers (`tests.towers.workers.program`) with their TF_CONFIG; the processes."""
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
@@ -40,6 +40,7 @@ def _start_workers(n, *args, devices=2, local_first=True):
         env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": ROOT}
         env["WORKER_DEVICES"] = str(devices)
         env["WORKER_LOCAL_FIRST"] = str(int(local_first))
+        env["WORKER_SHARDED"] = str(int(sharded))
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.towers.workers.program", *args],
@@ -82,13 +83,16 @@ def workers_program_sizes(mode, sizes, i):
 
 
 class TrainTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters(([6, 6], True), ([5, 8], False), ([4, 3, 6], True))  # local_first
-    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes, local_first):
-        """Hierarchical (each worker sums its towers first) or flat (one group of all)."""
+    @parameterized.parameters(([6, 6], True, False), ([5, 8], False, True), ([4, 3, 6], True, True))
+    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes, local_first, sharded):
+        """Hierarchical (each worker sums its towers first) or flat (one group of all); the
+        optimizer state whole on every tower, or sharded over every worker's towers."""
         path = os.path.join(self.get_temp_dir(), "weights.npz")
         sizes_arg = ",".join(map(str, sizes))
         results = _wait(
-            _start_workers(len(sizes), "train", path, sizes_arg, local_first=local_first)
+            _start_workers(
+                len(sizes), "train", path, sizes_arg, local_first=local_first, sharded=sharded
+            )
         )
         for code, output in results:
             self.assertEqual(code, 0, output[-3000:])

@@ -3,7 +3,7 @@
 Usage: TF_CONFIG=... python -m tests.towers.workers.program MODE OUT [SIZES]
 MODE:
 - "train": 10 steps on this worker's part of each global batch; the chief saves the weights
-  to OUT.
+  to OUT (with WORKER_SHARDED=1, the optimizer state sharded over every worker's towers).
 - "retrace": the same, worker 1's batches 2 smaller from step 5.
 - "v1": "train" in a v1 graph and session; a CheckpointManager saves to the directory OUT.
 - "batch_norm": 3 steps of a synchronized BatchNorm model; the chief saves the weights.
@@ -122,7 +122,10 @@ def main(mode, out, sizes):
     devices = towers.list_devices()
     local_first = os.environ.get("WORKER_LOCAL_FIRST", "1") == "1"  # hierarchical or flat
     all_reduce = towers.WorkersAllReduce(local_first=local_first)
-    replicas = towers.Replicated(_build, devices, all_reduce=all_reduce)
+    sharded = os.environ.get("WORKER_SHARDED", "0") == "1"  # optimizer state over every worker
+    replicas = towers.Replicated(
+        _build, devices, all_reduce=all_reduce, shard_optimizer_state=sharded
+    )
     optimizer = towers.SGD(0.1, momentum=0.9)
 
     @tf.function

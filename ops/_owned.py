@@ -1,0 +1,277 @@
+"""Variables owned by one device each: gradients reduced to the owner, values gathered from it.
+
+Sharded optimizer state (`towers.Replicated(..., shard_optimizer_state=True)`) gives each
+variable one owner among the group's devices. `reduce_to_owners` reduce-scatters the tower
+gradients so that each owner holds the mean gradient of its variables only; after the owners'
+updates, `gather_from_owners` all-gathers their values so that every device has every
+variable. Both pack variables per dtype into buffers laid out owner by owner (`layout`), one
+reduce-scatter or all-gather per buffer, each device's part its own variables.
+"""
+
+from collections.abc import Sequence
+
+from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.by_name import all_reduce_algorithm
+from towers.ops._all_reduce_gradients import check_options, dense_column, weights_of
+from towers.ops._autograph import library_code
+from towers.ops._slices import deduplicated
+from towers.ops._tensorflow import tf
+from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
+from towers.ops._weighted_mean import scale
+
+Buffer = tuple[tuple[int, ...], ...]  # for each rank of the group, the variables it owns in it
+
+
+def owners_by_bytes(variables: Sequence[tf.Variable | tf.Tensor], group: int) -> list[int]:
+    """An owner (0 to `group - 1`) per variable, balancing bytes: largest first, to the least.
+
+    Whole variables, so that a rule needing a variable's norm (LAMB, LARS) has it on one
+    device; each device then owns at most 1/group of the bytes plus one variable.
+
+    Args:
+      variables: Variables (or tensors) with static shapes.
+      group: The number of devices to spread them over, >= 1.
+
+    Returns:
+      `owners[j]`: the rank that owns variable j. The same for the same shapes, on every
+      worker.
+    """
+    load = [0] * group
+    owners = [0] * len(variables)
+    order = sorted(range(len(variables)), key=lambda j: (-_bytes(variables[j]), j))
+    for j in order:
+        rank = min(range(group), key=lambda r: (load[r], r))
+        owners[j] = rank
+        load[rank] += _bytes(variables[j])
+    return owners
+
+
+def _bytes(value: tf.Variable | tf.Tensor) -> int:
+    return (value.shape.num_elements() or 0) * value.dtype.size
+
+
+def layout(
+    shapes: Sequence[tf.TensorShape],
+    dtypes: Sequence[tf.DType],
+    owners: Sequence[int],
+    group: int,
+    bucket_bytes: int | None,
+) -> list[Buffer]:
+    """The buffers variables travel in: per dtype, each rank's variables in order.
+
+    Without `bucket_bytes`, a buffer per variable; with it, each buffer takes from every rank
+    its next variables up to `bucket_bytes / group` bytes (at least one while it has any).
+    """
+    if bucket_bytes is None:
+        return [
+            tuple((j,) if r == owners[j] else () for r in range(group)) for j in range(len(shapes))
+        ]
+    buffers = []
+    for dtype in dict.fromkeys(dtypes):
+        queues = [
+            [j for j in range(len(shapes)) if dtypes[j] == dtype and owners[j] == r]
+            for r in range(group)
+        ]
+        share = max(1, bucket_bytes // group)
+        while any(queues):
+            buffer = []
+            for queue in queues:
+                taken, used = [], 0
+                while queue and (
+                    not taken or used + shapes[queue[0]].num_elements() * dtype.size <= share
+                ):
+                    used += shapes[queue[0]].num_elements() * dtype.size
+                    taken.append(queue.pop(0))
+                buffer.append(tuple(taken))
+            buffers.append(tuple(buffer))
+    return buffers
+
+
+@library_code
+def reduce_to_owners(
+    tower_grads: Sequence[Sequence[Gradient]],
+    devices: Sequence[str],
+    owners: Sequence[int],
+    *,
+    weights: Sequence | None = None,
+    algorithm: str | AllReduce = "auto",
+    bucket_bytes: int | None = 4 * 2**20,
+    wire_dtype: tf.DType | None = None,
+    sparse: str = "gather",
+    variables: Sequence[tf.Variable] | None = None,
+) -> list[list[Gradient]]:
+    """The weighted mean of the tower gradients, each variable's on its owner only.
+
+    `all_reduce_gradients`' counterpart for owned variables: result i holds, for every
+    variable device i owns (`owners[j] == algorithm.group_rank(K) + i`), the mean gradient,
+    and None for the others. Dense gradients are reduce-scattered (`AllReduce.reduce_scatter`)
+    in buffers laid out owner by owner; `tf.IndexedSlices` are gathered to their owner, each
+    row once; float16/bfloat16 are reduced in float32 and cast back on the owner.
+
+    Args:
+      tower_grads: K lists of N gradients, tower i's on `devices[i]`.
+      devices: The K devices.
+      owners: The owner rank of each of the N variables, in the algorithm's group.
+      weights: K weights (shard sizes), normalized; None for the plain mean.
+      algorithm: A name from `ops.ALGORITHMS` or an `ops.AllReduce`.
+      bucket_bytes: The largest buffer; None for one reduce-scatter per variable.
+      wire_dtype: None, tf.float16 or tf.bfloat16.
+      sparse: "gather" or "dense".
+      variables: Tower 0's N variables, optional (errors name them; shapes checked).
+
+    Returns:
+      K lists of N gradients, None where the device does not own the variable.
+
+    Raises:
+      ValueError: as `all_reduce_gradients`, or if `owners` is not one rank per variable.
+      TypeError: as `all_reduce_gradients`.
+    """
+    tower_grads = check_tower_grads(tower_grads, variables)
+    devices = list(devices)
+    check_options(bucket_bytes, wire_dtype, sparse)
+    algorithm = all_reduce_algorithm(algorithm)
+    group, rank = algorithm.group_size(len(devices)), algorithm.group_rank(len(devices))
+    owners = _checked_owners(owners, len(tower_grads[0]), group)
+    norm, _ = weights_of(weights, devices, algorithm, None, wire_dtype)
+    out: list[list[Gradient]] = [[None] * len(owners) for _ in devices]
+    dense = {}
+    for j, column in enumerate(zip(*tower_grads)):
+        name = variables[j].name if variables is not None else f"#{j}"
+        if not check_column(column, name, variables[j] if variables is not None else None):
+            continue
+        local = owners[j] - rank
+        sparse_here = group == len(devices) and sparse == "gather"
+        if sparse_here and all(isinstance(g, tf.IndexedSlices) for g in column):
+            out[local][j] = _slices_to(devices[local], list(column), devices, norm)
+        else:
+            dense[j] = dense_column(list(column), devices)
+    for buffer in _dense_layout(dense, tower_grads, owners, group, bucket_bytes):
+        for i, reduced in enumerate(
+            _scatter(buffer, dense, devices, norm, algorithm, rank, wire_dtype)
+        ):
+            for j, grad in reduced.items():
+                with tf.device(devices[i]):  # half precision: cast back on the owner
+                    out[i][j] = tf.cast(grad, _dtype_of(tower_grads[0][j]))
+    return out
+
+
+def _slices_to(owner: str, column: list, devices: list, weights: list) -> tf.IndexedSlices:
+    """Every tower's scaled slices, gathered on the owner with each row once (summed there)."""
+    scaled = []
+    for grad, device, weight in zip(column, devices, weights):
+        with tf.device(device):
+            scaled.append((scale(grad.values, weight), grad.indices))
+    with tf.device(owner):
+        values = tf.concat([tf.identity(v) for v, _ in scaled], axis=0)
+        indices = tf.concat([tf.identity(i) for _, i in scaled], axis=0)
+        return deduplicated(tf.IndexedSlices(values, indices, column[0].dense_shape))
+
+
+def _dense_layout(dense, tower_grads, owners, group, bucket_bytes) -> list[Buffer]:
+    js = sorted(dense)
+    shapes = [dense[j][0].shape for j in js]
+    dtypes = [dense[j][0].dtype for j in js]
+    buffers = layout(shapes, dtypes, [owners[j] for j in js], group, bucket_bytes)
+    return [tuple(tuple(js[m] for m in members) for members in buffer) for buffer in buffers]
+
+
+def _scatter(buffer, dense, devices, norm, algorithm, rank, wire_dtype) -> list[dict]:
+    """Reduce-scatters one buffer; for each local device, its variables' summed gradients."""
+    members = [j for part in buffer for j in part]
+    sizes = [sum(dense[j][0].shape.num_elements() for j in part) for part in buffer]
+    flat = []
+    for i, device in enumerate(devices):
+        with tf.device(device):
+            values = tf.concat([tf.reshape(dense[j][i], [-1]) for j in members], axis=0)
+            flat.append(scale(values, norm[i]))
+    parts = algorithm.reduce_scatter(flat, devices, sizes=sizes, wire_dtype=_wire(flat, wire_dtype))
+    out = []
+    for i, (part, device) in enumerate(zip(parts, devices)):
+        mine = buffer[rank + i]
+        with tf.device(device):
+            pieces = (
+                tf.split(part, [dense[j][0].shape.num_elements() for j in mine])
+                if len(mine) > 1
+                else [part]
+            )
+            out.append({j: tf.reshape(p, dense[j][0].shape) for j, p in zip(mine, pieces) if mine})
+    return out
+
+
+@library_code
+def gather_from_owners(
+    values: Sequence[Sequence[tf.Tensor | None]],
+    devices: Sequence[str],
+    owners: Sequence[int],
+    *,
+    algorithm: str | AllReduce = "auto",
+    bucket_bytes: int | None = 4 * 2**20,
+    like: Sequence[tf.Variable | tf.Tensor],
+) -> list[list[tf.Tensor]]:
+    """Every variable's value from its owner, on every device: the same bits everywhere.
+
+    Args:
+      values: K lists of N: on `devices[i]`, the value of each variable it owns, None for
+        the others.
+      devices: The K devices.
+      owners: The owner rank of each variable, in the algorithm's group.
+      algorithm: A name from `ops.ALGORITHMS` or an `ops.AllReduce`.
+      bucket_bytes: The largest buffer; None for one all-gather per variable.
+      like: The N variables (or tensors): their shapes and dtypes.
+
+    Returns:
+      K lists of N tensors, list i on `devices[i]`.
+
+    Raises:
+      ValueError: if `owners` is not one rank per variable, or a device lacks a value it
+        owns.
+    """
+    devices = list(devices)
+    algorithm = all_reduce_algorithm(algorithm)
+    group, rank = algorithm.group_size(len(devices)), algorithm.group_rank(len(devices))
+    owners = _checked_owners(owners, len(like), group)
+    shapes, dtypes = [v.shape for v in like], [v.dtype for v in like]
+    out: list[list] = [[None] * len(like) for _ in devices]
+    for buffer in layout(shapes, dtypes, owners, group, bucket_bytes):
+        sizes = [sum(shapes[j].num_elements() for j in part) for part in buffer]
+        local = []
+        for i, device in enumerate(devices):
+            mine = buffer[rank + i]
+            if any(values[i][j] is None for j in mine):
+                raise ValueError(f"Device {device!r} owns a variable but gives no value for it.")
+            with tf.device(device):
+                flat = [tf.reshape(values[i][j], [-1]) for j in mine]
+                empty = tf.zeros([0], dtypes[buffer_first(buffer)])
+                local.append(tf.concat(flat, axis=0) if flat else empty)
+        members = [j for part in buffer for j in part]
+        for i, whole in enumerate(algorithm.all_gather(local, devices, sizes=sizes)):
+            with tf.device(devices[i]):
+                pieces = (
+                    tf.split(whole, [shapes[j].num_elements() for j in members])
+                    if len(members) > 1
+                    else [whole]
+                )
+                for j, piece in zip(members, pieces):
+                    out[i][j] = tf.reshape(piece, shapes[j])
+    return out
+
+
+def buffer_first(buffer: Buffer) -> int:
+    return next(j for part in buffer for j in part)
+
+
+def _checked_owners(owners: Sequence[int], num: int, group: int) -> list[int]:
+    owners = list(owners)
+    if len(owners) != num or not all(isinstance(r, int) and 0 <= r < group for r in owners):
+        raise ValueError(
+            f"`owners` must give each of the {num} variables a rank in [0, {group}); got {owners}."
+        )
+    return owners
+
+
+def _dtype_of(grad: Gradient) -> tf.DType:
+    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
+
+
+def _wire(flat: list[tf.Tensor], wire_dtype: tf.DType | None) -> tf.DType | None:
+    return wire_dtype if flat[0].dtype in (tf.float32, tf.float64) else None

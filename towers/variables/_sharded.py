@@ -1,0 +1,111 @@
+"""Sharded optimizer state for `Replicated`: each copy keeps the state of its own variables.
+
+Each variable gets one owner among the group's devices (whole variables, balanced by bytes:
+`ops.internal.owners_by_bytes`). A step reduce-scatters the gradients (each owner gets the
+mean gradient of its variables), each owner updates its variables with its state, and the
+updated values are all-gathered into every copy, so every copy ends the step with the same
+bits, and they equal the unsharded step's (the same optimizer arithmetic on the same values).
+With a gradient hook the gradients are all-reduced instead (the hook sees every gradient on
+every copy, as unsharded), and each copy still updates only its own.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from towers.ops.internal import (
+    Gradient,
+    Weight,
+    gather_from_owners,
+    owners_by_bytes,
+    reduce_to_owners,
+    update_ops,
+)
+from towers.variables._strategy import ReducedGradients
+
+
+class ShardedState:
+    """Which device of the group owns each variable, and the step's two exchanges.
+
+    Args:
+      variables: The first replica's trainable variables (every replica's align with them).
+      algorithm: The all-reduce (its group may span workers).
+      num_devices: This process's devices.
+    """
+
+    def __init__(self, variables: list[tf.Variable], algorithm: Any, num_devices: int):
+        self.algorithm = algorithm
+        self.rank = algorithm.group_rank(num_devices)
+        self.owners = owners_by_bytes(variables, algorithm.group_size(num_devices))
+        self._owner_of = {var.ref(): owner for var, owner in zip(variables, self.owners)}
+
+    def owns(self, index: int) -> tuple[bool, ...]:
+        """For each variable, whether this process's device `index` owns it."""
+        return tuple(owner == self.rank + index for owner in self.owners)
+
+    def reduce(
+        self,
+        replicas: Any,
+        tower_grads: list[list[Gradient]],
+        weights: Sequence[Weight],
+        every_gradient: bool,
+    ) -> list[ReducedGradients]:
+        """Each copy's share of the reduced gradients (all of them with `every_gradient`)."""
+        if every_gradient:
+            reduced = replicas.all_reduce(tower_grads, weights=weights)
+        else:
+            reduced = reduce_to_owners(
+                tower_grads,
+                replicas.devices,
+                self.owners,
+                weights=weights,
+                algorithm=self.algorithm,
+                bucket_bytes=replicas.bucket_bytes,
+                wire_dtype=replicas.wire_dtype,
+                sparse=replicas.sparse,
+                variables=replicas.variables_of(0),
+            )
+        return [
+            ReducedGradients(grads, replicas.variables_of(i), device, self.owns(i))
+            for i, (grads, device) in enumerate(zip(reduced, replicas.devices))
+        ]
+
+    def gather(self, replicas: Any, updates: list) -> list:
+        """Every copy takes each variable's value from its owner, after the updates."""
+        copies = [replicas.variables_of(i) for i in range(len(replicas.devices))]
+        with tf.control_dependencies(update_ops(updates)):
+            values = []
+            for i, (variables, device) in enumerate(zip(copies, replicas.devices)):
+                with tf.device(device):
+                    owned = self.owns(i)
+                    values.append(
+                        [v.read_value() if own else None for v, own in zip(variables, owned)]
+                    )
+        gathered = gather_from_owners(
+            values,
+            replicas.devices,
+            self.owners,
+            algorithm=self.algorithm,
+            bucket_bytes=replicas.bucket_bytes,
+            like=copies[0],
+        )
+        assigned = []
+        for variables, device, new in zip(copies, replicas.devices, gathered):
+            with tf.device(device):  # the owner too: its value, as every copy gets it
+                assigned += [
+                    var.assign(value, read_value=False) for var, value in zip(variables, new)
+                ]
+        return [a for a in assigned if a is not None]
+
+    def state_copies(self, copies: dict[str, tuple[tf.Variable, ...]]) -> dict[str, tuple]:
+        """Each variable's copies, None but its owner's.
+
+        None everywhere if another process owns it; variables not trained (never updated)
+        keep theirs on the first copy.
+        """
+        out = {}
+        for name, group in copies.items():
+            local = self._owner_of.get(group[0].ref(), self.rank) - self.rank
+            out[name] = tuple(var if i == local else None for i, var in enumerate(group))
+        return out
