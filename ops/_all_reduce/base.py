@@ -178,7 +178,11 @@ class AllReduce(abc.ABC):
         return self.gather_parts(values, devices, sizes)
 
     def scatter_sum(
-        self, values: list[tf.Tensor], devices: list[str], sizes: list[int], wire_dtype
+        self,
+        values: list[tf.Tensor],
+        devices: list[str],
+        sizes: list[int],
+        wire_dtype: tf.DType | None,
     ) -> list[tf.Tensor]:
         """The extension point of `reduce_scatter` (checked arguments, a group of 2 or more).
 

@@ -29,7 +29,11 @@ class ReduceBroadcastAllReduce(AllReduce):
         return spread(total, device, devices, values[0].dtype, wire_dtype)
 
     def scatter_sum(
-        self, values: list[tf.Tensor], devices: list[str], sizes: list[int], wire_dtype
+        self,
+        values: list[tf.Tensor],
+        devices: list[str],
+        sizes: list[int],
+        wire_dtype: tf.DType | None,
     ) -> list[tf.Tensor]:
         """Part i summed on device i: each device adds only its part; see `AllReduce`."""
         return [

@@ -42,7 +42,11 @@ class RingAllReduce(AllReduce):
         return out
 
     def scatter_sum(
-        self, values: list[tf.Tensor], devices: list[str], sizes: list[int], wire_dtype
+        self,
+        values: list[tf.Tensor],
+        devices: list[str],
+        sizes: list[int],
+        wire_dtype: tf.DType | None,
     ) -> list[tf.Tensor]:
         """The ring's first half: chunk i, summed hop by hop, ends on device i."""
         row = values[0].shape[1:]
@@ -69,7 +73,9 @@ class RingAllReduce(AllReduce):
         return parts.concatenated(values, devices)
 
 
-def _chunk_sums(flats: list[tf.Tensor], devices: list[str], sizes: Any, wire_dtype) -> list:
+def _chunk_sums(
+    flats: list[tf.Tensor], devices: list[str], sizes: Any, wire_dtype: tf.DType | None
+) -> list:
     """Chunk c of every flat value summed around the ring, ending on device c (wire dtype).
 
     Each device sends about (K-1)/K of the data, and every chunk sum is computed once.

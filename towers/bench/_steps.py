@@ -267,13 +267,8 @@ def step_bodies(
             towers_replicated, algorithm=algorithm, bucket_bytes=bucket_bytes, optimizer=optimizer
         )
     if algorithms and optimizer != "sgd":  # plain SGD keeps no state to shard
-        bodies[f"towers replicated {algorithms[0]} sharded"] = functools.partial(
-            towers_replicated,
-            algorithm=algorithms[0],
-            bucket_bytes=bucket_bytes,
-            optimizer=optimizer,
-            sharded=True,
-        )
+        first = f"towers replicated {algorithms[0]}"
+        bodies[f"{first} sharded"] = functools.partial(bodies[first], sharded=True)
     return bodies
 
 

@@ -4,33 +4,35 @@ import numpy as np
 import tensorflow as tf
 
 from tests import test_util
-from towers.bench import _keras_gpt, _keras_resnet, _model_suite, _real_models
+from towers.bench import (
+    _keras_gpt,
+    _keras_resnet,
+    _model_steps,
+    _model_suite,
+    _real_models,
+    _worker,
+)
 
 
 class ModelsSuiteTest(tf.test.TestCase):
-    def test_uncompiled_rows_train_the_same_model(self):
-        """Every configuration from the same weights on the same batch: the same loss."""
-        rows = _model_suite.suite_rows(
-            "gpt_tiny", test_util.devices(2), None, global_batch=4, steps=1, warmup=0,
-            compute_dtype="float32", compiled=(False,),
-        )  # fmt: skip
-        labels = {r["config"] for r in rows}
-        self.assertEqual(
-            labels,
-            {
-                "one device",
-                "hand-written towers",
-                "towers replicated",
-                "towers ps",
-                "one device (tensor)",
-                "towers replicated (tensor)",
-            },
+    def test_rows_train_the_same_model(self):
+        """From the same weights on the same batch: one device and towers reach one loss."""
+        devices = test_util.devices(2)
+        real = _real_models.REAL_MODELS["gpt_tiny"]
+        reference = real.build()
+        make_model = _model_suite.shared_factory(reference, real.build)
+        batch = real.batch(4, 0)
+        dataset = _real_models.repeated_dataset(batch)
+        rows = _model_steps.model_rows(
+            make_model, _real_models.mean_loss, devices, None, dataset, jit_compile=False
         )
-        towers_rows = [r["loss"] for r in rows if r["config"].startswith(("towers", "hand"))]
-        test_util.assert_allclose(towers_rows, [towers_rows[0]] * len(towers_rows), rtol=1e-5)
-        for row in rows:
-            self.assertGreater(row["per_second"], 0)
-            self.assertAllClose(row["per_second"] * row["step_ms"] / 1e3, 4 * 32)  # tokens
+        self.assertIn("towers ps", rows)
+        self.assertIn("hand-written towers", rows)
+        data = tuple(tf.constant(t) for t in batch)
+        built = {label: rows[label]() for label in ("one device", "towers replicated (tensor)")}
+        timed = _worker.time_interleaved(built, data, steps=1, warmup=0)
+        losses = [loss for _, _, loss in timed.values()]
+        test_util.assert_allclose(losses, [losses[0]] * len(losses), rtol=1e-5)
 
     def test_flops(self):
         gpt = _real_models.REAL_MODELS["gpt_tiny"].build()

@@ -14,7 +14,7 @@ RULES = {
     "lamb": lambda: towers.LAMB(0.01, weight_decay=0.01),
     "momentum": lambda: towers.SGD(0.1, momentum=0.9),
 }
-STEPS = 3
+STEPS = 2
 
 
 def _train(k, shard, rule="adam", steps=STEPS, start=0, replicas=None, optimizer=None, **step):
@@ -47,7 +47,7 @@ def _state_bytes(optimizer) -> dict[str, int]:
 
 
 class ShardedStateTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters(("adam", 3), ("lamb", 3), ("momentum", 3), ("adam", 4))
+    @parameterized.parameters(("adam", 3), ("lamb", 4), ("momentum", 3))
     def test_equals_unsharded_with_a_share_of_the_state_per_device(self, rule, k):
         plain, plain_state = _train(k, False, rule)
         sharded, state = _train(k, True, rule)
