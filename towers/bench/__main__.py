@@ -33,6 +33,9 @@ _COMPILED = flags.DEFINE_list(
     "compiled", ["plain", "xla"], "The models suite's rows: uncompiled (plain), XLA (xla)."
 )
 _PEAK = flags.DEFINE_float("peak_tflops", 790.0, "A device's peak TFLOP/s (models suite MFU).")
+_CONFIGS = flags.DEFINE_string(
+    "configs", ".*", "The models suite's configurations: a regular expression on their labels."
+)
 _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
 _BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the median is shown.")
@@ -180,6 +183,7 @@ def _models_suite() -> None:
                 compute_dtype=_COMPUTE.value,
                 compiled=tuple(way == "xla" for way in _COMPILED.value),
                 peak_tflops=_PEAK.value,
+                configs=_CONFIGS.value,
             )
             for row in rows:
                 print(json.dumps(row), flush=True)
@@ -191,6 +195,7 @@ def _models_suite() -> None:
         f"--compute_dtype={_COMPUTE.value}",
         f"--compiled={','.join(_COMPILED.value)}",
         f"--peak_tflops={_PEAK.value}",
+        f"--configs={_CONFIGS.value}",
     ]
     from towers.bench import _model_suite
 

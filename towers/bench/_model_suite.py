@@ -7,6 +7,8 @@ images or tokens per second and model FLOP utilisation (of `--peak_tflops` per d
 """
 
 import functools
+import re
+import sys
 import time
 from typing import Any
 
@@ -76,13 +78,16 @@ def suite_rows(
     compute_dtype: str = "float32",
     compiled: tuple[bool, ...] = (False, True),
     peak_tflops: float = PEAK_TFLOPS,
+    configs: str = ".*",
 ) -> list[dict]:
     """One row per configuration of `model_name` on `devices`, timed interleaved.
 
     Builds every configuration (its models from one reference's weights; uncompiled, then
     compiled by XLA, as `compiled` says), then times them with `time_interleaved`:
     "trace_s" is each step's first call (tracing and XLA compilation), "step_ms" the median
-    of `steps` calls after `warmup`. Rows fed by the dataset repeat one fixed batch.
+    of `steps` calls after `warmup`. Rows fed by the dataset repeat one fixed batch. Only
+    the configurations whose label matches the regular expression `configs` are built; each
+    one's build and first call are reported on stderr as they end ("bench: ...").
 
     Raises:
       ValueError: if `model_name` is unknown, or `global_batch` does not split evenly over
@@ -102,17 +107,19 @@ def suite_rows(
     batch = real.batch(global_batch, 0)
     with tf.device("/cpu:0"):
         data = tuple(tf.constant(t) for t in batch)
-    configs = {}
+    pattern, configs = configs, {}
     for jit_compile in compiled:
         dataset = repeated_dataset(batch)
         configs |= model_rows(
             make_model, mean_loss, devices, strategy, dataset, jit_compile=jit_compile
         )
+    chosen = {label: c for label, c in configs.items() if re.search(pattern, label)}
     built, build_s = {}, {}
-    for label, config in configs.items():
+    for label, config in chosen.items():
         began = time.perf_counter()
-        built[label] = config()
+        built[label] = _announced(f"{model_name} K={len(devices)} {label}", config())
         build_s[label] = time.perf_counter() - began
+        print(f"bench: built {label} in {build_s[label]:.1f} s", file=sys.stderr, flush=True)
     flops = real.flops_per_item(reference)
     rows = []
     for label, (trace, seconds, loss) in time_interleaved(built, data, steps, warmup).items():
@@ -136,6 +143,21 @@ def suite_rows(
             )
         )
     return rows
+
+
+def _announced(label: str, step: Any) -> Any:
+    """`step`, reporting on stderr how long its first call (trace, compilation) took."""
+    first = []
+
+    def run(data: Any) -> Any:
+        began = time.perf_counter()
+        out = step(data)
+        if not first:
+            first.append(time.perf_counter() - began)
+            print(f"bench: first call of {label}: {first[0]:.1f} s", file=sys.stderr, flush=True)
+        return out
+
+    return run
 
 
 def _key(row: dict) -> tuple:

@@ -4,35 +4,26 @@ import numpy as np
 import tensorflow as tf
 
 from tests import test_util
-from towers.bench import (
-    _keras_gpt,
-    _keras_resnet,
-    _model_steps,
-    _model_suite,
-    _real_models,
-    _worker,
-)
+from towers.bench import _keras_gpt, _keras_resnet, _model_steps, _model_suite, _real_models
 
 
 class ModelsSuiteTest(tf.test.TestCase):
     def test_rows_train_the_same_model(self):
         """From the same weights on the same batch: one device and towers reach one loss."""
-        devices = test_util.devices(2)
-        real = _real_models.REAL_MODELS["gpt_tiny"]
-        reference = real.build()
-        make_model = _model_suite.shared_factory(reference, real.build)
-        batch = real.batch(4, 0)
-        dataset = _real_models.repeated_dataset(batch)
-        rows = _model_steps.model_rows(
-            make_model, _real_models.mean_loss, devices, None, dataset, jit_compile=False
-        )
-        self.assertIn("towers ps", rows)
-        self.assertIn("hand-written towers", rows)
-        data = tuple(tf.constant(t) for t in batch)
-        built = {label: rows[label]() for label in ("one device", "towers replicated (tensor)")}
-        timed = _worker.time_interleaved(built, data, steps=1, warmup=0)
-        losses = [loss for _, _, loss in timed.values()]
+        rows = _model_suite.suite_rows(
+            "gpt_tiny", test_util.devices(2), None, global_batch=4, steps=1, warmup=0,
+            compute_dtype="float32", compiled=(False,),
+            configs=r"^(one device|towers replicated \(tensor\))$",
+        )  # fmt: skip
+        self.assertEqual([r["config"] for r in rows], ["one device", "towers replicated (tensor)"])
+        losses = [r["loss"] for r in rows]
         test_util.assert_allclose(losses, [losses[0]] * len(losses), rtol=1e-5)
+        for row in rows:
+            self.assertAllClose(row["per_second"] * row["step_ms"] / 1e3, 4 * 32)  # tokens
+        labels = _model_steps.model_rows(lambda: None, None, test_util.devices(2), None, None,
+                                         jit_compile=True)  # fmt: skip
+        self.assertIn("towers ps xla", labels)
+        self.assertIn("towers replicated xla, no guard", labels)
 
     def test_flops(self):
         gpt = _real_models.REAL_MODELS["gpt_tiny"].build()

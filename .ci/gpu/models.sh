@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the lent H200, after the kit: the models suite's workers, one process per device count,
+# rows as JSON lines under $OUT (tables: `python -m towers.bench`'s _model_suite on them), and
+# each configuration's build and first call on stderr as they end. XLA compiles a ResNet-50
+# in 45-60 s per configuration there: pick rows with --configs and give each run its time.
+cd "$(dirname "$0")/../.."
+export TF_CPP_MIN_LOG_LEVEL=2
+start=$(date +%s)
+run() {  # name, seconds, flags...
+  local name=$1 limit=$2; shift 2
+  timeout -k 5 "$limit" python3 -m towers.bench --suite=models --steps=20 --warmup=3 "$@" \
+    > "$OUT/$name.jsonl" 2> "$OUT/$name.err"
+  echo "$name rc=$? at $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+}
+xla='(one device|mirrored|hand-written towers|towers replicated|towers ps) xla$'
+run gpt_k1 170 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --configs="$xla"
+run gpt_k2 170 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --configs="$xla"
+run resnet_k1 250 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --configs="$xla"
