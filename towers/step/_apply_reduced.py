@@ -84,10 +84,11 @@ def apply_reduced(
             given.append(_unscaled(copy.grads, loss_scale))
     if accumulate is None:
         return _apply_now(
-            reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates
+            reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates, True
         )
     # Each call is judged as it is added: a bad micro-batch must not poison the sums.
-    finite, checks = verdict(given, [c.variables for c in reduced], nonfinite)
+    elsewhere = [c.finite for c in reduced if c.finite is not None]
+    finite, checks = verdict(given, [c.variables for c in reduced], nonfinite, None, elsewhere)
     with tf.control_dependencies(update_ops(checks)):
         if nonfinite == "skip":
             batch_size = tf.where(finite, tf.cast(batch_size, tf.float32), 0.0)
@@ -102,7 +103,7 @@ def apply_reduced(
             updates.append(loss_scale.update(finite))
 
     def now() -> list:  # the mean is checked again: every call of it may have been skipped
-        return _apply_now(reduced, added, optimizer, gradient_hook, None, nonfinite, ())
+        return _apply_now(reduced, added, optimizer, gradient_hook, None, nonfinite, (), False)
 
     ready = accumulate.ready()
     with tf.control_dependencies(update_ops(updates)):
@@ -111,9 +112,13 @@ def apply_reduced(
 
 
 def _apply_now(
-    reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates
+    reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates, others
 ) -> list:
-    """The hook on each copy's gradients, their checks, then the optimizer (or a skip)."""
+    """The hook on each copy's gradients, their checks, then the optimizer (or a skip).
+
+    With `others`, the verdict covers the other processes' shares (`ReducedGradients.finite`);
+    an accumulated mean was judged call by call already.
+    """
     hook = None if gradient_hook is None else as_caller_would(gradient_hook)
     apply_gradients = optimizer.apply_gradients
     if not isinstance(optimizer, Optimizer):  # a user's rule may use Python control flow
@@ -130,7 +135,8 @@ def _apply_now(
     rate = None
     if nonfinite is not None and isinstance(optimizer, Optimizer):
         rate = finite_rate(optimizer)
-    finite, guards = verdict(hooked, [c.variables for c in reduced], nonfinite, rate)
+    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
+    finite, guards = verdict(hooked, [c.variables for c in reduced], nonfinite, rate, elsewhere)
     checks += guards
     updates = []
     for copy, grads in zip(reduced, hooked):

@@ -44,7 +44,11 @@ def finite_rate(optimizer: Optimizer) -> tf.Tensor:
 
 
 def verdict(
-    per_copy: Sequence[Sequence], variables: Sequence[list], nonfinite: str | None, rate=None
+    per_copy: Sequence[Sequence],
+    variables: Sequence[list],
+    nonfinite: str | None,
+    rate=None,
+    elsewhere: Sequence[tf.Tensor] = (),
 ) -> tuple[tf.Tensor, list]:
     """(whether everything is finite, the run-time assertions for "raise").
 
@@ -53,6 +57,7 @@ def verdict(
       variables: Each copy's variables (named in the error).
       nonfinite: "raise", "skip" or None (no check: always True).
       rate: Optional: whether the learning rate is finite (a boolean scalar).
+      elsewhere: Whether gradients other processes hold are finite (boolean scalars).
     """
     if nonfinite is None:
         return tf.constant(True), []
@@ -65,6 +70,10 @@ def verdict(
         finite.append(rate)
         if nonfinite == "raise":
             checks.append(_assert(rate, "The learning rate is NaN or Inf", variables[0]))
+    for other in elsewhere:
+        finite.append(other)
+        if nonfinite == "raise":
+            checks.append(_assert(other, "Another worker's gradient holds NaN or Inf", []))
     # One verdict for all copies: a hook that treats copies differently must not split them.
     return tf.reduce_all(tf.stack(finite)), checks
 

@@ -66,10 +66,34 @@ class ShardedState:
                 sparse=replicas.sparse,
                 variables=replicas.variables_of(0),
             )
+        beyond = self.algorithm.group_size(len(replicas.devices)) != len(replicas.devices)
+        finite = self._finite_everywhere(reduced, replicas.devices) if beyond else None
         return [
-            ReducedGradients(grads, replicas.variables_of(i), device, self.owns(i))
+            ReducedGradients(
+                grads, replicas.variables_of(i), device, self.owns(i), finite[i] if finite else None
+            )
             for i, (grads, device) in enumerate(zip(reduced, replicas.devices))
         ]
+
+    def _finite_everywhere(self, reduced: list[list[Gradient]], devices: list[str]) -> list:
+        """Whether every worker's shares are finite, on each device.
+
+        An all-reduce of one count, so that a step one worker skips (or fails) is skipped
+        (failed) by all.
+        """
+        bad = []
+        for grads, device in zip(reduced, devices):
+            with tf.device(device):
+                values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+                checks = [tf.reduce_all(tf.math.is_finite(v)) for v in values if v is not None]
+                finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+                bad.append(tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1]))
+        totals = self.algorithm(bad, devices)
+        out = []
+        for total, device in zip(totals, devices):
+            with tf.device(device):
+                out.append(tf.equal(total[0], 0.0))
+        return out
 
     def gather(self, replicas: Any, updates: list) -> list:
         """Every copy takes each variable's value from its owner, after the updates."""

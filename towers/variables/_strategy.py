@@ -30,12 +30,16 @@ class ReducedGradients:
       state: Which variables this copy updates and keeps optimizer state for, aligned with
         `variables` (sharded state: its own); None for all. The others are neither updated
         nor given state here, whatever the gradient hook returns for them.
+      finite: None, or whether the gradients of this step that other processes hold are
+        finite (sharded state across workers): part of the non-finite verdict, so that every
+        worker skips (or fails) the same steps.
     """
 
     grads: list[Gradient]
     variables: list[tf.Variable]
     device: str | None = None
     state: tuple[bool, ...] | None = None
+    finite: tf.Tensor | None = None
 
 
 class VariableStrategy(abc.ABC):

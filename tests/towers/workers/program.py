@@ -3,7 +3,9 @@
 Usage: TF_CONFIG=... python -m tests.towers.workers.program MODE OUT [SIZES]
 MODE:
 - "train": 10 steps on this worker's part of each global batch; the chief saves the weights
-  to OUT (with WORKER_SHARDED=1, the optimizer state sharded over every worker's towers).
+  to OUT (with WORKER_SHARDED=1, the optimizer state sharded over every worker's towers;
+  with WORKER_POISON_STEP=n, worker 1's embedding gradient is NaN at step n (one owner's
+  share: the other workers' are finite), a step every worker skips).
 - "retrace": the same, worker 1's batches 2 smaller from step 5.
 - "v1": "train" in a v1 graph and session; a CheckpointManager saves to the directory OUT.
 - "batch_norm": 3 steps of a synchronized BatchNorm model; the chief saves the weights.
@@ -22,6 +24,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["TOWERS_TEST_DEVICES"] = os.environ.get("WORKER_DEVICES", "2")  # towers per worker
 
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towers  # noqa: E402
@@ -128,10 +131,22 @@ def main(mode, out, sizes):
     )
     optimizer = towers.SGD(0.1, momentum=0.9)
 
+    poison = int(os.environ.get("WORKER_POISON_STEP", "-1"))  # worker 1's loss NaN then
+
     @tf.function
-    def step(batch):
+    def step(batch, poisoned):
+        def loss_fn(b):  # poisoned: the embedding's gradient alone NaN (one owner's share)
+            loss, logits = test_util.loss_fn(replicas.local())(b)
+            nan = tf.where(poisoned, np.nan, 0.0) * tf.reduce_sum(replicas.local().embedding)
+            return loss + nan, logits
+
         return towers.train_step(
-            lambda b: test_util.loss_fn(replicas.local())(b), replicas, optimizer, batch, devices
+            loss_fn,
+            replicas,
+            optimizer,
+            batch,
+            devices,
+            nonfinite="skip" if poison >= 0 else "raise",
         )[0]
 
     steps = {"train": 10, "retrace": 10, "checkpoint": 5}.get(mode, 1000)
@@ -140,7 +155,8 @@ def main(mode, out, sizes):
         now = step_sizes(mode, sizes, i)
         if i == 5:
             traced = step.experimental_get_tracing_count()
-        step(_my_part(test_util.batch(sum(now), seed=i), now))
+        poisoned = tf.constant(i == poison and INFO.index == 1)
+        step(_my_part(test_util.batch(sum(now), seed=i), now), poisoned)
         if mode in ("kill", "stop") and i == 0 and INFO.index == 1:
             _fault(out, signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
     towers.check_replicas_identical(replicas)
