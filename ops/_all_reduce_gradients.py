@@ -122,7 +122,7 @@ def all_reduce_gradients(
             for i, device in enumerate(devices):
                 with tf.device(device):  # half precision: the cast back, on the tower
                     for (j, _), value in zip(dense_columns, reduced[i]):
-                        out[i][j] = tf.cast(value, _dtype_of(tower_grads, j))
+                        out[i][j] = tf.cast(value, column_dtype(tower_grads, j))
         return out
 
 
@@ -176,7 +176,8 @@ def check_options(bucket_bytes: int | None, wire_dtype: tf.DType | None, sparse:
         raise ValueError(f"`sparse` must be one of {SPARSE_MODES}; got {sparse!r}.")
 
 
-def _dtype_of(tower_grads: list, j: int) -> tf.DType:
+def column_dtype(tower_grads: list, j: int) -> tf.DType:
+    """The dtype of variable j's gradients (of tower 0's, which the others agree with)."""
     grad = tower_grads[0][j]
     return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
 
@@ -231,7 +232,7 @@ def _reduce_dense(
             packed.append(buckets if equal else [b * weight_in(weight, b.dtype) for b in buckets])
     summed = [
         algorithm(
-            [packed[i][b] for i in range(k)], devices, wire_dtype=_wire(packed[0][b], wire_dtype)
+            [packed[i][b] for i in range(k)], devices, wire_dtype=wire_for(packed[0][b], wire_dtype)
         )
         for b in range(len(spec.buckets))
     ]
@@ -248,7 +249,7 @@ def _reduce_dense(
     return out
 
 
-def _wire(value: tf.Tensor, wire_dtype):
+def wire_for(value: tf.Tensor, wire_dtype: tf.DType | None) -> tf.DType | None:
     """Compress only float32 (or wider) values; half values already travel small."""
     return wire_dtype if value.dtype in (tf.float32, tf.float64) else None
 

@@ -19,6 +19,8 @@ def _kernels(op_type: str) -> tuple[tuple[str, tuple[tuple[str, frozenset], ...]
     """(device type, ((type attribute, allowed dtypes), ...)) of each kernel of `op_type`."""
     found = []
     for kernel in _registry.get_registered_kernels_for_op(op_type).kernel:
+        if kernel.label:  # chosen only by an op that asks for it (`_kernel` attribute)
+            continue
         constraints = tuple(
             (c.name, frozenset(c.allowed_values.list.type)) for c in kernel.constraint
         )

@@ -10,10 +10,19 @@ reduce-scatter or all-gather per buffer, each device's part its own variables.
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
-from towers.ops._all_reduce_gradients import check_options, dense_column, weights_of
+from towers.ops._all_reduce_gradients import (
+    check_options,
+    column_dtype,
+    dense_column,
+    weights_of,
+    wire_for,
+)
 from towers.ops._autograph import library_code
+from towers.ops._collectives import collective_order
 from towers.ops._slices import deduplicated
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
@@ -130,8 +139,15 @@ def reduce_to_owners(
     devices = list(devices)
     check_options(bucket_bytes, wire_dtype, sparse)
     algorithm = all_reduce_algorithm(algorithm)
+    owners = _checked_owners(owners, len(tower_grads[0]), algorithm.group_size(len(devices)))
+    with collective_order():  # in a v1 graph, these collectives chain among themselves
+        return _reduce(tower_grads, devices, owners, weights, algorithm, bucket_bytes,
+                       wire_dtype, sparse, variables)  # fmt: skip
+
+
+def _reduce(tower_grads, devices, owners, weights, algorithm, bucket_bytes, wire_dtype, sparse,
+            variables) -> list[list[Gradient]]:  # fmt: skip
     group, rank = algorithm.group_size(len(devices)), algorithm.group_rank(len(devices))
-    owners = _checked_owners(owners, len(tower_grads[0]), group)
     norm, _ = weights_of(weights, devices, algorithm, None, wire_dtype)
     out: list[list[Gradient]] = [[None] * len(owners) for _ in devices]
     dense = {}
@@ -151,7 +167,7 @@ def reduce_to_owners(
         ):
             for j, grad in reduced.items():
                 with tf.device(devices[i]):  # half precision: cast back on the owner
-                    out[i][j] = tf.cast(grad, _dtype_of(tower_grads[0][j]))
+                    out[i][j] = tf.cast(grad, column_dtype(tower_grads, j))
     return out
 
 
@@ -184,7 +200,9 @@ def _scatter(buffer, dense, devices, norm, algorithm, rank, wire_dtype) -> list[
         with tf.device(device):
             values = tf.concat([tf.reshape(dense[j][i], [-1]) for j in members], axis=0)
             flat.append(scale(values, norm[i]))
-    parts = algorithm.reduce_scatter(flat, devices, sizes=sizes, wire_dtype=_wire(flat, wire_dtype))
+    parts = algorithm.reduce_scatter(
+        flat, devices, sizes=sizes, wire_dtype=wire_for(flat[0], wire_dtype)
+    )
     out = []
     for i, (part, device) in enumerate(zip(parts, devices)):
         mine = buffer[rank + i]
@@ -230,6 +248,16 @@ def gather_from_owners(
     algorithm = all_reduce_algorithm(algorithm)
     group, rank = algorithm.group_size(len(devices)), algorithm.group_rank(len(devices))
     owners = _checked_owners(owners, len(like), group)
+    if len(values) != len(devices) or any(len(v) != len(like) for v in values):
+        raise ValueError(
+            f"`values` must be one list of {len(like)} values (or None) per device; got "
+            f"{[len(v) for v in values]} for {len(devices)} devices."
+        )
+    with collective_order():
+        return _gather(values, devices, owners, algorithm, bucket_bytes, like, group, rank)
+
+
+def _gather(values, devices, owners, algorithm, bucket_bytes, like, group, rank) -> list:
     shapes, dtypes = [v.shape for v in like], [v.dtype for v in like]
     out: list[list] = [[None] * len(like) for _ in devices]
     for buffer in layout(shapes, dtypes, owners, group, bucket_bytes):
@@ -241,7 +269,7 @@ def gather_from_owners(
                 raise ValueError(f"Device {device!r} owns a variable but gives no value for it.")
             with tf.device(device):
                 flat = [tf.reshape(values[i][j], [-1]) for j in mine]
-                empty = tf.zeros([0], dtypes[buffer_first(buffer)])
+                empty = tf.zeros([0], dtypes[_first_member(buffer)])
                 local.append(tf.concat(flat, axis=0) if flat else empty)
         members = [j for part in buffer for j in part]
         for i, whole in enumerate(algorithm.all_gather(local, devices, sizes=sizes)):
@@ -256,22 +284,18 @@ def gather_from_owners(
     return out
 
 
-def buffer_first(buffer: Buffer) -> int:
+def _first_member(buffer: Buffer) -> int:
     return next(j for part in buffer for j in part)
 
 
 def _checked_owners(owners: Sequence[int], num: int, group: int) -> list[int]:
     owners = list(owners)
-    if len(owners) != num or not all(isinstance(r, int) and 0 <= r < group for r in owners):
+    valid = all(
+        isinstance(r, (int, np.integer)) and not isinstance(r, bool) and 0 <= r < group
+        for r in owners
+    )
+    if len(owners) != num or not valid:
         raise ValueError(
             f"`owners` must give each of the {num} variables a rank in [0, {group}); got {owners}."
         )
     return owners
-
-
-def _dtype_of(grad: Gradient) -> tf.DType:
-    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
-
-
-def _wire(flat: list[tf.Tensor], wire_dtype: tf.DType | None) -> tf.DType | None:
-    return wire_dtype if flat[0].dtype in (tf.float32, tf.float64) else None

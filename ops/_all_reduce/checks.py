@@ -22,6 +22,12 @@ WIRE_DTYPES = (None, tf.float16, tf.bfloat16)
 
 
 def check(values: list, devices: list, reduction: str, wire_dtype, *, shapes: bool = True) -> None:
+    """Refuses values the contract cannot add (and, with `shapes`, values of other shapes).
+
+    Raises:
+      ValueError: for a mismatch of values and devices, dtypes or shapes, or an option.
+      TypeError: for values that are not numbers, or that a GPU cannot add.
+    """
     if not values or len(values) != len(devices):
         raise ValueError(
             f"All-reduce needs one value per device; got {len(values)} values and "

@@ -13,15 +13,18 @@ and faster where an algorithm overrides `scatter_sum` and `gather_parts`.
 """
 
 from collections.abc import Sequence
-from typing import Any
 
 from towers.ops._arguments import check_int
 from towers.ops._split import shard_sizes
 from towers.ops._tensorflow import tf
 
 
-def checked_sizes(sizes: Sequence[int] | None, total: int, group: int, what: str) -> list[int]:
+def checked_sizes(
+    sizes: Sequence[int] | None, total: int | None, group: int, what: str
+) -> list[int]:
     """`sizes` as `group` ints >= 0 summing to `total` (default: as even as `split_batch`).
+
+    With `total` None (an all-gather's), any sum: the sizes are the parts' own.
 
     Raises:
       ValueError, TypeError: naming `sizes`, the value received and what they must sum to.
@@ -31,10 +34,11 @@ def checked_sizes(sizes: Sequence[int] | None, total: int, group: int, what: str
             [int(n) for n in shard_sizes(total, group)] if total >= group else _spread(total, group)
         )
     sizes = [check_int(n, "sizes", minimum=0) for n in sizes]
-    if len(sizes) != group or sum(sizes) != total:
+    if len(sizes) != group or (total is not None and sum(sizes) != total):
         raise ValueError(
-            f"`sizes` must be {group} ints (one per device of the group) summing to the "
-            f"{what}, {total}; got {sizes}."
+            f"`sizes` must be {group} ints (one per device of the group)"
+            + ("" if total is None else f" summing to the {what}, {total}")
+            + f"; got {sizes}."
         )
     return sizes
 
@@ -132,7 +136,3 @@ def check_parts(parts: list[tf.Tensor], devices: list[str], sizes: list[int], ra
                 f"{parts[0].dtype.name}{parts[0].shape} and part {i} is "
                 f"{part.dtype.name}{part.shape}."
             )
-
-
-def as_tensors(values: Any) -> list[tf.Tensor]:
-    return [tf.convert_to_tensor(v) for v in values]

@@ -54,9 +54,9 @@ class RingAllReduce(AllReduce):
         for value, device in zip(values, devices):
             with tf.device(device):
                 flats.append(tf.reshape(value, [-1]))
-        elements = [n * (row.num_elements() or 0) for n in sizes]
         if row.num_elements() is None:
             return super().scatter_sum(values, devices, sizes, wire_dtype)
+        elements = [n * row.num_elements() for n in sizes]
         out = []
         for chunk, size, device in zip(
             _chunk_sums(flats, devices, elements, wire_dtype), sizes, devices

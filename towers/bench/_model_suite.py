@@ -124,7 +124,8 @@ def suite_rows(
     rows = []
     for label, (trace, seconds, loss) in time_interleaved(built, data, steps, warmup).items():
         items = global_batch * real.items_per_example
-        per_second, mfu = throughput(flops, items, seconds * 1e3, len(devices), peak_tflops)
+        chips = 1 if label.startswith("one device") else _chips(devices)
+        per_second, mfu = throughput(flops, items, seconds * 1e3, chips, peak_tflops)
         rows.append(
             dict(
                 model=model_name,
@@ -143,6 +144,13 @@ def suite_rows(
             )
         )
     return rows
+
+
+def _chips(devices: list[str]) -> int:
+    """The physical devices `devices` are (logical GPUs split from one GPU are one chip)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    on_gpus = all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices)
+    return min(len(devices), len(gpus)) if on_gpus and gpus else len(devices)
 
 
 def _announced(label: str, step: Any) -> Any:

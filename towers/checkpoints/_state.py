@@ -77,7 +77,16 @@ def optimizer_state(model: Target, optimizer: Any) -> Any:
     optimizer builds its own and is named by its variables' paths.
     """
     if isinstance(optimizer, Optimizer):
-        optimizer.build(copies_keeping_state(model))
+        copies = copies_keeping_state(model)
+        elsewhere = [name for name, group in copies.items() if all(v is None for v in group)]
+        if elsewhere:
+            raise ValueError(
+                f"The optimizer state of {elsewhere[:3]}{'...' if len(elsewhere) > 3 else ''} "
+                "lives on other workers (shard_optimizer_state=True across workers), and a "
+                "checkpoint is written by one: it would miss their shares. Pass optimizer=None "
+                "to keep the weights alone, or shard_optimizer_state=False across workers."
+            )
+        optimizer.build(copies)
     elif is_keras(optimizer):
         if not getattr(optimizer, "built", False):
             optimizer.build([v for v in named_variables(model).values() if v.trainable])

@@ -57,7 +57,7 @@ class CompiledTower:
         self._tracing: list[DeferredUpdate] = []
         self._mirrors: dict[Any, tf.Variable] = {}  # variable.ref() -> its mirror
         self._prepared: set[int] = set()
-        self._refreshed = False
+        self._refreshed: set[Any] = set()  # variable.ref() of the mirrors refreshed
 
     def _body(self, arg: Any) -> tuple[Any, list]:
         with deferred_state_updates(prepared=False) as handed:  # built after the program
@@ -67,10 +67,11 @@ class CompiledTower:
 
     @library_code
     def __call__(self, arg: Any) -> Any:
-        """Runs the compiled function on `arg`; returns its result.
+        """Runs the compiled function on `arg`; returns its result, which carries no gradient.
 
-        State updates the function made (`towers.BatchNorm`'s moving averages) are built
-        after it, in the tower: handed to the step when it defers them, else now.
+        State updates the function made (`towers.BatchNorm`'s moving averages, and what it
+        wrote to a mirror) are built after it, in the tower: handed to the step when it
+        defers them (after every tower, under its verdict), else now.
 
         Args:
           arg: The tower's (nested) argument, tensors.
@@ -82,8 +83,9 @@ class CompiledTower:
         with compiling():  # while traced: no exchange with other towers
             concrete = self._function.get_concrete_function(arg)
         handed = self._handed.setdefault(id(concrete), self._tracing)
-        written = self._prepare(concrete)
-        result, inputs = concrete(arg)
+        refreshed, written = self._prepare(concrete)
+        with tf.control_dependencies(refreshed):  # (a v1 graph has no automatic order)
+            result, inputs = concrete(arg)
         updates = []
         for update, values in zip(handed, inputs):
             pending = dataclasses.replace(update, inputs=tuple(values))
@@ -92,22 +94,25 @@ class CompiledTower:
                 pending = dataclasses.replace(pending, inputs=tuple(prepared), prepare=None)
             if not defer_state_update(pending.update, pending.device, pending.inputs):
                 updates.append(pending())
-        self._write_back(written)
+        produced = tf.nest.flatten(result, expand_composites=True)
+        with tf.control_dependencies([t for t in produced if isinstance(t, tf.Tensor)]):
+            updates += self._write_back(written)
+        result = tf.nest.map_structure(_no_gradient, result)
         return result if not updates else _after(result, updates)
 
-    def _prepare(self, concrete: Any) -> list[tf.Variable]:
+    def _prepare(self, concrete: Any) -> tuple[list, list[tf.Variable]]:
         """Points the program at mirrors of the variables off this tower's device.
 
-        Returns the variables the program may write (their mirrors copied back after it).
+        Returns the mirrors' refreshes (the program must run after them) and the variables
+        the program may write (their mirrors copied back after it).
         """
         remote = self._remote_variables(concrete)
-        if not remote:
-            return []
-        if not self._refreshed:  # once per step: the variables do not change within it
-            for var in remote.values():
-                self._mirror(var).assign(var.read_value())
-            self._refreshed = True
-        if id(concrete) not in self._prepared:
+        refreshed = []
+        for var in remote.values():  # once per step: the variables do not change within it
+            if var.ref() not in self._refreshed:
+                refreshed.append(self._mirror(var).assign(var.read_value(), read_value=False))
+                self._refreshed.add(var.ref())
+        if remote and id(concrete) not in self._prepared:
             captures = []
             for external, _ in concrete.graph.captures:
                 var = remote.get(id(external))
@@ -115,12 +120,17 @@ class CompiledTower:
             concrete.set_external_captures(captures)
             self._prepared.add(id(concrete))
         inner = {id(external): internal for external, internal in concrete.graph.captures}
-        return [var for key, var in remote.items() if _written(inner.get(key))]
+        written = [var for key, var in remote.items() if _written(inner.get(key))]
+        return [r for r in refreshed if r is not None], written
 
     def _remote_variables(self, concrete: Any) -> dict[int, tf.Variable]:
         """The program's variables living off this tower's device, by their captured handle."""
         if any(callable(c) for c in getattr(concrete, "_captured_inputs", [])):
-            raise ValueError("A compiled tower cannot read deferred captures; build it anew.")
+            raise ValueError(
+                "A compiled tower's function captures a value computed when it is called (a "
+                "deferred capture), which towers cannot point at tower-local copies: read it "
+                "outside the tower and pass it in, or use jit_compile=False."
+            )
         externals = {id(external) for external, _ in concrete.graph.captures}
         remote = {}
         for var in concrete.graph.variables:  # captured by their handles (eager, or v1's)
@@ -144,13 +154,32 @@ class CompiledTower:
                 )
         return self._mirrors[var.ref()]
 
-    def _write_back(self, written: list[tf.Variable]) -> None:
-        """Copies what the program wrote to the variables, from the tower updating state."""
+    def _write_back(self, written: list[tf.Variable]) -> list:
+        """Copies what the program wrote to the variables, from the tower updating state.
+
+        Handed to the step when it defers state updates: built after every tower has read
+        the variables (so no tower waits for another's program) and under the verdict.
+        """
         if not written or not updates_state():
-            return
+            return []
+        built = []
         for var in written:
-            with tf.device(var.device):
-                var.assign(self._mirror(var).read_value())
+            value = self._mirror(var).read_value()
+            if not defer_state_update(_assigned_to(var), var.device, [value]):
+                with tf.device(var.device):
+                    built.append(var.assign(value, read_value=False))
+        return built
+
+
+def _assigned_to(var: tf.Variable) -> Any:
+    def assign(value: tf.Tensor) -> Any:
+        return var.assign(value, read_value=False)
+
+    return assign
+
+
+def _no_gradient(value: Any) -> Any:
+    return tf.stop_gradient(value) if isinstance(value, tf.Tensor) else value
 
 
 def _after(result: Any, updates: list) -> Any:

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from towers.ops import collective_order
 from towers.optimizers import AppliesGradients
 from towers.step._apply_reduced import GradientHook, apply_reduced
 from towers.variables import ReducedGradients, VariableStrategy
@@ -32,7 +33,8 @@ def apply_replicated(
     """
     reduced = reduce_for(replicas, replicas, tower_grads, sizes, gradient_hook)
     updates = apply_reduced(reduced, optimizer, gradient_hook)
-    return updates + replicas.after_update(replicas, updates)
+    with collective_order():
+        return updates + replicas.after_update(replicas, updates)
 
 
 def reduce_for(

@@ -146,6 +146,7 @@ def train_step(
             f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
         )
     if accumulate is not None:
+        _check_accumulation(strategy, gradient_hook)
         accumulate.build(strategy.state_copies(variables))
     updates = apply_reduced(
         reduced,
@@ -162,7 +163,8 @@ def train_step(
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
     else:
         outputs = None
-    updates += strategy.after_update(variables, updates)  # (sharded state: the all-gather)
+    with ops.collective_order():  # (sharded state: the all-gather, chained on its own)
+        updates += strategy.after_update(variables, updates)
     with tf.control_dependencies(update_ops(updates)):
         loss = tf.identity(loss)
     return loss, outputs
@@ -179,6 +181,17 @@ def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[
             f"{devices}; give towers.prefetch_to_devices the step's devices."
         )
     return inputs.take()
+
+
+def _check_accumulation(strategy: VariableStrategy, gradient_hook: Any) -> None:
+    """Sharded state accumulates each copy's share: a hook would see a part of the mean."""
+    if gradient_hook is not None and getattr(strategy, "shard_optimizer_state", False):
+        raise ValueError(
+            "With shard_optimizer_state=True and `accumulate`, each copy accumulates only its "
+            "own variables' gradients, so a gradient hook would see a part of the accumulated "
+            "mean (a global norm of it would be wrong). Drop the hook, accumulate without "
+            "sharding, or clip inside the loss."
+        )
 
 
 def _total(sizes: list) -> Any:

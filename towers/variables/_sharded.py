@@ -32,9 +32,19 @@ class ShardedState:
       variables: The first replica's trainable variables (every replica's align with them).
       algorithm: The all-reduce (its group may span workers).
       num_devices: This process's devices.
+
+    Raises:
+      ValueError: if a variable's shape is not static.
     """
 
     def __init__(self, variables: list[tf.Variable], algorithm: Any, num_devices: int):
+        unknown = [v.name for v in variables if not v.shape.is_fully_defined()]
+        if unknown:
+            raise ValueError(
+                f"shard_optimizer_state=True balances variables by their bytes and packs them "
+                f"by their shapes, which must be static; {unknown} have none. Give them static "
+                "shapes, or pass shard_optimizer_state=False."
+            )
         self.algorithm = algorithm
         self.rank = algorithm.group_rank(num_devices)
         self.owners = owners_by_bytes(variables, algorithm.group_size(num_devices))

@@ -52,7 +52,8 @@ class PlainOpsTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_bfloat16_variables_update_on_every_device_of_the_tier(self):
         """A GPU has no fused bfloat16 kernel: its update is made of plain ops (soft placement
-        is off in the GPU tier, so a fused op there would fail)."""
+        is off in the GPU tier, so a fused op there would fail). On the CPU tier, whose CPUs
+        have the kernel, this only checks an update happens: the GPU tier is its test."""
         for device in test_util.devices(2):
             for case in ("sgd", "momentum", "adagrad"):
                 with tf.device(device):

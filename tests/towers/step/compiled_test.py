@@ -158,6 +158,51 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
         self.assertNotAllClose(compiled.bn.moving_mean, tf.zeros([4]))
 
+    def test_state_written_in_a_compiled_tower_reaches_the_server_once_per_step(self):
+        """A counter the model bumps on every call lives on the CPU: towers write mirrors,
+        the first tower's is copied back (once per step, under the verdict: not when the
+        step is skipped), in tf.function and in a v1 session."""
+
+        class Counting(test_util.Model):
+            def __call__(self, inputs):
+                self.calls.assign_add(1.0)
+                return super().__call__(inputs)
+
+        devices = test_util.devices(4)[1:]
+
+        def model_and_step():
+            model = Counting()
+            with tf.device("/cpu:0"):
+                model.calls = tf.Variable(0.0, trainable=False)
+
+            def step(batch, scale=1.0):
+                return towers.train_step(
+                    lambda b: test_util.loss_fn(model)(b)[0] * scale, model,
+                    towers.SGD(0.1), batch, devices, nonfinite="skip", jit_compile=True,
+                    variable_strategy=towers.ParameterServer(),
+                )[0]  # fmt: skip
+
+            return model, step
+
+        model, step = model_and_step()
+        step = tf.function(step)
+        step(test_util.batch(11))
+        step(test_util.batch(11, seed=1))
+        step(test_util.batch(11, seed=2), np.nan)  # skipped: the counter stays
+        self.assertEqual(float(model.calls), 2.0)
+        reference = test_util.built_model()
+        with tf.Graph().as_default():
+            model, step = model_and_step()
+            loss = step(test_util.batch(11))
+            with tf.compat.v1.Session(config=towers.session_config()) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                losses = [sess.run(loss) for _ in range(2)]
+                calls = sess.run(model.calls)
+        self.assertEqual(calls, 2.0)
+        by_hand = test_util.reference_step(reference, test_util.loss_fn(reference), 0.1)
+        want = [float(by_hand(test_util.batch(11))[0]) for _ in range(2)]
+        test_util.assert_allclose(losses, want, rtol=1e-5)
+
     def test_dropout_draws_the_same_for_any_number_of_compiled_towers(self):
         """XLA draws its own Philox stream (other bits than TensorFlow's kernel), the same
         for every split of the batch: 3 compiled towers draw what one compiled device does."""

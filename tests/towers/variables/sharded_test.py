@@ -123,6 +123,30 @@ class ShardedStateTest(tf.test.TestCase, parameterized.TestCase):
         towers.check_replicas_identical(sharded)
 
     def test_bad_arguments(self):
+        with self.assertRaisesRegex(ValueError, "a part of the accumulated mean"):
+            _train(2, True, steps=1, gradient_hook=lambda g, v: g,
+                   accumulate=towers.GradientAccumulator(every=2))  # fmt: skip
+
+        class Unknown(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = tf.Variable(tf.ones([2, 3]), shape=tf.TensorShape([None, 3]))
+
+        with self.assertRaisesRegex(ValueError, r"must be static; \['Variable:0'\] have none"):
+            towers.Replicated(Unknown, test_util.devices(2), shard_optimizer_state=True)
+
+        class Twin(towers.ops.ReduceBroadcastAllReduce):  # as if another worker held as many
+            def group_size(self, num_values):
+                return 2 * num_values
+
+        replicas = towers.Replicated(
+            test_util.built_model, test_util.devices(2), all_reduce=Twin(),
+            shard_optimizer_state=True,
+        )  # fmt: skip
+        directory = os.path.join(self.get_temp_dir(), "elsewhere")
+        with self.assertRaisesRegex(ValueError, "lives on other workers"):
+            towers.CheckpointManager(directory, replicas, towers.Adam(0.01)).save(1)
+
         with self.assertRaisesRegex(TypeError, "`shard_optimizer_state` must be True or False"):
             towers.Replicated(test_util.built_model, test_util.devices(2), shard_optimizer_state=1)
         self.assertIsNone(towers.Replicated(test_util.built_model, test_util.devices(2)).owners)
