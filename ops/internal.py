@@ -50,7 +50,8 @@ from towers.ops._collectives import (
 )
 from towers.ops._device_scope import device_scope, host_scope
 from towers.ops._kernels import has_kernel
-from towers.ops._owned import gather_from_owners, owners_by_bytes, reduce_to_owners
+from towers.ops._owned import gather_from_owners, reduce_to_owners
+from towers.ops._ownership import owners_by_bytes
 from towers.ops._packing import check_bucket_bytes
 from towers.ops._slices import deduplicated, densified
 from towers.ops._tower_grads import Gradient
