@@ -79,7 +79,8 @@ class StagedInput:
           device, and the shard sizes (the weights of an exact mean).
 
         Raises:
-          tf.errors.OutOfRangeError: when the step runs after the data ended.
+          tf.errors.InvalidArgumentError: when the step runs after the data ended (its
+            assertion; iterate over the `StagedInput` to stop at the end instead).
         """
         with tf.device("/device:CPU:0"):
             check = tf.debugging.Assert(
