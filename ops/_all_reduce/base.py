@@ -73,13 +73,9 @@ class AllReduce(abc.ABC):
             with tf.device(devices[0]):
                 return [tf.identity(values[0])]
         summed = self.sum(values, devices, wire_dtype)
-        if reduction == "sum":
-            return summed
-        out = []
-        for value, device in zip(summed, devices):
-            with tf.device(device):
-                out.append(value / tf.cast(self.group_size(len(values)), value.dtype))
-        return out
+        return (
+            summed if reduction == "sum" else _means(summed, devices, self.group_size(len(values)))
+        )
 
     @library_code
     def reduce_scatter(
@@ -124,13 +120,7 @@ class AllReduce(abc.ABC):
             with tf.device(devices[0]):
                 return [tf.identity(values[0])]
         summed = self.scatter_sum(values, devices, sizes, wire_dtype)
-        if reduction == "sum":
-            return summed
-        out = []
-        for value, device in zip(summed, devices):
-            with tf.device(device):
-                out.append(value / tf.cast(group, value.dtype))
-        return out
+        return summed if reduction == "sum" else _means(summed, devices, group)
 
     @library_code
     def all_gather(
@@ -268,3 +258,12 @@ class AllReduce(abc.ABC):
           be bitwise equal (compute each sum once and copy it, or add in the same order on
           every device) so that replicated variables updated with them stay identical.
         """
+
+
+def _means(summed: list[tf.Tensor], devices: list[str], group: int) -> list[tf.Tensor]:
+    """Each sum divided by the group's size, on its device."""
+    out = []
+    for value, device in zip(summed, devices):
+        with tf.device(device):
+            out.append(value / tf.cast(group, value.dtype))
+    return out

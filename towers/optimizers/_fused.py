@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import has_kernel
+from towers.ops.internal import has_kernel, update_ops
 
 
 def _fused(op_type: str, var: tf.Variable) -> bool:
@@ -19,8 +19,8 @@ def _fused(op_type: str, var: tf.Variable) -> bool:
 
 
 def _after(*updates: Any) -> Any:
-    """A control dependency on updates (ops eagerly none)."""
-    return tf.control_dependencies([getattr(u, "op", u) for u in updates if u is not None])
+    """A control dependency on updates (eagerly, none)."""
+    return tf.control_dependencies(update_ops(updates))
 
 
 def gradient_descent(var: tf.Variable, lr: tf.Tensor, grad: tf.Tensor) -> Any:

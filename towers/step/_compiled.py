@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable  # no creator scopes
 
 from towers.core import TowerContext, compiling
-from towers.ops.internal import library_code
+from towers.ops.internal import library_code, update_ops
 from towers.variables import (
     DeferredUpdate,
     defer_state_update,
@@ -184,8 +184,7 @@ def _no_gradient(value: Any) -> Any:
 
 def _after(result: Any, updates: list) -> Any:
     """`result`'s tensors, after `updates` (so that a v1 graph runs them with the result)."""
-    ops = [getattr(u, "op", u) for u in tf.nest.flatten(updates) if u is not None]
-    with tf.control_dependencies(ops):
+    with tf.control_dependencies(update_ops(updates)):
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, result
         )
