@@ -18,13 +18,13 @@ from towers.ops._all_reduce_gradients import (
     check_options,
     column_dtype,
     dense_column,
+    slices_on,
     weights_of,
     wire_for,
 )
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
 from towers.ops._ownership import Buffer, layout
-from towers.ops._slices import deduplicated
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import scale
@@ -92,7 +92,7 @@ def _reduce(tower_grads, devices, owners, weights, algorithm, bucket_bytes, wire
         local = owners[j] - rank
         sparse_here = group == len(devices) and sparse == "gather"
         if sparse_here and all(isinstance(g, tf.IndexedSlices) for g in column):
-            out[local][j] = _slices_to(devices[local], list(column), devices, norm)
+            out[local][j] = slices_on(devices[local], list(column), devices, norm)
         else:
             dense[j] = dense_column(list(column), devices)
     for buffer in _dense_layout(dense, tower_grads, owners, group, bucket_bytes):
@@ -103,18 +103,6 @@ def _reduce(tower_grads, devices, owners, weights, algorithm, bucket_bytes, wire
                 with tf.device(devices[i]):  # half precision: cast back on the owner
                     out[i][j] = tf.cast(grad, column_dtype(tower_grads, j))
     return out
-
-
-def _slices_to(owner: str, column: list, devices: list, weights: list) -> tf.IndexedSlices:
-    """Every tower's scaled slices, gathered on the owner with each row once (summed there)."""
-    scaled = []
-    for grad, device, weight in zip(column, devices, weights):
-        with tf.device(device):
-            scaled.append((scale(grad.values, weight), grad.indices))
-    with tf.device(owner):
-        values = tf.concat([tf.identity(v) for v, _ in scaled], axis=0)
-        indices = tf.concat([tf.identity(i) for _, i in scaled], axis=0)
-        return deduplicated(tf.IndexedSlices(values, indices, column[0].dense_shape))
 
 
 def _dense_layout(dense, tower_grads, owners, group, bucket_bytes) -> list[Buffer]:
