@@ -12,7 +12,8 @@ run() {  # name, seconds, flags...
     > "$OUT/$name.jsonl" 2> "$OUT/$name.err"
   echo "$name rc=$? at $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 }
-xla='(one device|mirrored|hand-written towers|towers replicated|towers ps) xla$'
+xla='^(one device|mirrored|hand-written towers|towers replicated|towers ps) xla$'
+few='^(one device|mirrored|towers replicated) xla$'
 run gpt_k1 170 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --configs="$xla"
 run gpt_k2 170 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --configs="$xla"
-run resnet_k1 250 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --configs="$xla"
+run resnet_k1 190 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --configs="$few"
