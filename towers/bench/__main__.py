@@ -10,7 +10,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from towers.bench import _cluster, _memory, _profile, _tables, _worker  # noqa: E402
+from towers.bench import (  # noqa: E402
+    _cluster,
+    _memory,
+    _profile,
+    _state_memory,
+    _tables,
+    _worker,
+)
 
 MODELS_SUITE = ["resnet50", "gpt"]  # the models suite's default --models
 MODELS_BATCH = {"resnet50": 256, "gpt": 32, "resnet_small": 16, "gpt_tiny": 8}
@@ -18,7 +25,7 @@ MODELS_BATCH = {"resnet50": 256, "gpt": 32, "resnet_small": 16, "gpt_tiny": 8}
 _SUITE = flags.DEFINE_enum(
     "suite",
     "step",
-    ["step", "profile", "weights", "memory", "workers", "models"],
+    ["step", "profile", "weights", "memory", "state", "workers", "models"],
     "What to measure.",
 )
 _MODELS = flags.DEFINE_list(
@@ -53,6 +60,9 @@ _BUCKET = flags.DEFINE_integer(
     "bucket_bytes", 4 * 2**20, "Replicated rows' packing bucket; 0 for none (ps rows: both ways)."
 )
 _WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
+_SHARDED = flags.DEFINE_bool(
+    "shard_optimizer_state", False, "Internal: the state suite worker's configuration."
+)
 _GPU_SPLIT = flags.DEFINE_integer(
     "gpu_split_mb", 0, "Split the first GPU into K logical GPUs of this many MiB for K towers."
 )
@@ -122,6 +132,9 @@ def main(argv: list[str]) -> None:
     if _SUITE.value == "models":
         _models_suite()
         return
+    if _SUITE.value == "state":
+        _state_suite()
+        return
     if _SUITE.value == "memory":
         towers_, batch = int(_TOWERS.value[0]), _BATCH.value or 8192
         rows = _memory.peak_megabytes(towers_, batch, [int(m) for m in _MICRO.value])
@@ -162,6 +175,31 @@ def main(argv: list[str]) -> None:
     print(_tables.step_table(rows))
     print()
     print(_tables.targets_table(rows))
+
+
+def _state_suite() -> None:
+    """The state suite: a worker's row as a JSON line, or the driver's table.
+
+    The driver runs each device count unsharded and sharded, one process each.
+    """
+    batch = _BATCH.value or 256
+    if _WORKER.value:
+        row = _state_memory.state_row(
+            _WORKER.value, _SHARDED.value, _OPTIMIZER.value, batch, _STEPS.value, _GPU_SPLIT.value
+        )
+        print(json.dumps(row), flush=True)
+        return
+    rows = []
+    for count in [int(t) for t in _TOWERS.value]:
+        for sharded in (False, True):
+            flags_ = [
+                *_run_flags(),
+                "--suite=state",
+                f"--optimizer={_OPTIMIZER.value}",
+                f"--shard_optimizer_state={sharded}",
+            ]
+            rows += step_suite_rows([], [count], flags_)
+    print(_state_memory.state_table(rows, _OPTIMIZER.value))
 
 
 def _models_suite() -> None:

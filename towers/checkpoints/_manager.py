@@ -27,7 +27,8 @@ from towers.checkpoints._records import (
     write_index,
     write_record,
 )
-from towers.checkpoints._state import restore_checkpoint, state_arrays
+from towers.checkpoints._shares import ChiefShares, spans_workers
+from towers.checkpoints._state import restore_checkpoint, state_arrays, state_copies
 from towers.files import DirectoryLock, remove_stale_temporaries
 from towers.optimizers import check_checkpointable
 from towers.variables import Target
@@ -47,6 +48,9 @@ class CheckpointManager:
     per directory: an OS lock on `checkpoints.lock`, held until `close()`. Names carry no
     tower prefix, so a run saved with K towers resumes with any other number. Across workers
     only the chief writes; every worker restores from the (shared or copied) directory.
+    With optimizer state sharded across workers (`Replicated(shard_optimizer_state=True)`),
+    every worker must call `save` at the same steps (each runs the same loop): the state
+    other workers keep is gathered to the chief, whose file holds all of it.
 
     Args:
       directory: Where the checkpoints live; created if needed.
@@ -107,6 +111,10 @@ class CheckpointManager:
         self.every_n_steps, self.keep_last = every_n_steps, keep_last
         self.monitor, self.suffix = monitor, suffix
         self._thread_lock = threading.Lock()
+        self._shares = None  # sharded across workers: what the chief gathers at each save
+        if spans_workers(model):
+            local = state_copies(model, optimizer, self.extra)
+            self._shares = ChiefShares(model, optimizer, self.extra, local, session)
         self.writes = current_workers().is_chief  # other workers read what the chief writes
         if not self.writes:
             self._lock, self._records = None, scan(self.directory, repair=False).usable
@@ -200,8 +208,9 @@ class CheckpointManager:
             raise ValueError(
                 f"`value` must be a finite number when monitor={self.monitor!r}; got {value!r}."
             )
+        self._check_open()
+        shares = self._shares.arrays() if self._shares is not None else {}  # on every worker
         if not self.writes:
-            self._check_open()
             return ""
         with self._thread_lock:
             self._check_open()
@@ -211,9 +220,9 @@ class CheckpointManager:
                     f"(step {self._checkpoints[-1].step}); it would be older than the saves "
                     "kept. Restore first (`restore_latest()`) or use a new directory."
                 )
-            record = self._write("ckpt", step, number)
+            record = self._write("ckpt", step, number, shares)
             if self.monitor and self._improves(number):
-                self._write("best", step, number)
+                self._write("best", step, number, shares)
             self._checkpoints, self._best = kept(self._records, self.keep_last, self.monitor)
             write_index(self.directory, self._checkpoints, self._best)
             self._remove_superseded()
@@ -246,7 +255,9 @@ class CheckpointManager:
         restore_checkpoint(*targets, *paths, latest.step, strict=strict, session=self.session)
         return latest.step
 
-    def _write(self, kind: str, step: int, value: float | None) -> Record:
+    def _write(
+        self, kind: str, step: int, value: float | None, shares: dict | None = None
+    ) -> Record:
         """Writes one save: its pending record, its files, its complete record (the commit)."""
         serial = next_serial(self.directory, kind, step)
         monitor = self.monitor if kind == "best" else None
@@ -257,7 +268,9 @@ class CheckpointManager:
         self._records.append(pending)  # its files are ours from now on, whatever happens
         save_weights(self.model, self._path(pending.weights), session=self.session)
         if pending.state:
-            arrays = state_arrays(self.model, self.optimizer, self.extra, step, self.session)
+            arrays = state_arrays(
+                self.model, self.optimizer, self.extra, step, self.session, shares
+            )
             write_arrays(self._path(pending.state), arrays)
         record = dataclasses.replace(pending, complete=True)
         write_record(self.directory, record)

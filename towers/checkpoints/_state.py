@@ -17,6 +17,7 @@ from towers.checkpoints._iterator_state import (
     iterator_state,
     restore_iterator,
 )
+from towers.checkpoints._shares import state_elsewhere
 from towers.data import StagedInput
 from towers.optimizers import Optimizer, is_keras
 from towers.step import GradientAccumulator
@@ -36,15 +37,22 @@ def _iterator_of(target: Any) -> Any:
 
 
 def state_arrays(
-    model: Target, optimizer: Any, extra: Mapping[str, Target], step: int, session: Any = None
+    model: Target,
+    optimizer: Any,
+    extra: Mapping[str, Target],
+    step: int,
+    session: Any = None,
+    shares: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The state file's arrays: the step, the optimizer's state, "extra/<key>/..." state.
 
-    Variables of a v1 graph are read in `session`.
+    Variables of a v1 graph are read in `session`. `shares`: the state other workers keep
+    (sharded across workers), gathered already.
     """
     arrays = {STEP: np.asarray(step, np.int64)}
     copies = state_copies(model, optimizer, extra)
     arrays.update(values_of({name: group[0] for name, group in copies.items()}, session))
+    arrays.update(shares or {})
     for key, target in extra.items():
         iterator = _iterator_of(target)
         if iterator is not None:
@@ -77,15 +85,7 @@ def optimizer_state(model: Target, optimizer: Any) -> Any:
     optimizer builds its own and is named by its variables' paths.
     """
     if isinstance(optimizer, Optimizer):
-        copies = copies_keeping_state(model)
-        elsewhere = [name for name, group in copies.items() if all(v is None for v in group)]
-        if elsewhere:
-            raise ValueError(
-                f"The optimizer state of {elsewhere[:3]}{'...' if len(elsewhere) > 3 else ''} "
-                "lives on other workers (shard_optimizer_state=True across workers), and a "
-                "checkpoint is written by one: it would miss their shares. Pass optimizer=None "
-                "to keep the weights alone, or shard_optimizer_state=False across workers."
-            )
+        copies = copies_keeping_state(model)  # (sharded: the copies this worker keeps)
         optimizer.build(copies)
     elif is_keras(optimizer):
         if not getattr(optimizer, "built", False):
@@ -142,10 +142,14 @@ def restore_checkpoint(
     if optimizer is not None or extra:  # else the file's state is not looked at
         iterator_members = {f"extra/{key}/{SPEC_MEMBER}" for key, _ in positions.values()}
         iterator_members |= set(positions)
+        elsewhere = state_elsewhere(model, optimizer, extra)  # their owners restore them
         saved = {
             k: v
             for k, v in state_arrays_.items()
-            if k != STEP and k not in iterator_members and not _is_staged(k, extra)
+            if k != STEP
+            and k not in iterator_members
+            and k not in elsewhere
+            and not _is_staged(k, extra)
         }
         plans.append((copies, saved, state))
     reports = [

@@ -7,7 +7,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 from tests import test_util
-from towers.bench import _cluster, _tables, _worker
+from towers.bench import _cluster, _state_memory, _tables, _worker
 
 CONFIGURATIONS = {
     "one device",
@@ -43,6 +43,20 @@ class WeightsBenchTest(tf.test.TestCase):
         table = _tables.format_table(["format", "disk MB", "save s", "restore s", "a", "b"], rows)
         self.assertLen(table.splitlines(), 4)
         self.assertEqual(_cells(table.splitlines()[3])[0], "checkpoint")
+
+
+class StateBenchTest(tf.test.TestCase):
+    def test_sharded_rows_hold_a_quarter_of_the_state_per_device(self):
+        """4 layers of 8x8 + bias on 4 devices: Adam's slots, 1/4 of them on each device."""
+        whole, sharded = (
+            _state_memory.state_row(4, s, "adam", 10, 2, layers=4, width=8) for s in (False, True)
+        )
+        slots = 2 * 4 * (8 * 8 + 8) * 4 / 2**20  # two slots, 4 layers, float32, in MiB
+        self.assertAllClose(whole["state_mib"], [slots] * 4)
+        self.assertAllClose(sharded["state_mib"], [slots / 4] * 4)
+        self.assertAllClose(whole["loss"], sharded["loss"], rtol=1e-6)
+        table = _state_memory.state_table([whole, sharded], "adam")
+        self.assertEqual(_cells(table.splitlines()[3])[:2], ["4", "sharded"])
 
 
 class StepBenchTest(tf.test.TestCase, parameterized.TestCase):

@@ -139,13 +139,18 @@ class ShardedStateTest(tf.test.TestCase, parameterized.TestCase):
             def group_size(self, num_values):
                 return 2 * num_values
 
-        replicas = towers.Replicated(
-            test_util.built_model, test_util.devices(2), all_reduce=Twin(),
-            shard_optimizer_state=True,
-        )  # fmt: skip
         directory = os.path.join(self.get_temp_dir(), "elsewhere")
-        with self.assertRaisesRegex(ValueError, "lives on other workers"):
-            towers.CheckpointManager(directory, replicas, towers.Adam(0.01)).save(1)
+        with tf.Graph().as_default() as graph:  # the chief's gather is built into the graph
+            replicas = towers.Replicated(
+                test_util.built_model, test_util.devices(2), all_reduce=Twin(),
+                shard_optimizer_state=True,
+            )  # fmt: skip
+            optimizer = towers.Adam(0.01)
+            optimizer.build(replicas)
+            graph.finalize()
+            with tf.compat.v1.Session() as session:
+                with self.assertRaisesRegex(ValueError, "before the graph is finalized"):
+                    towers.CheckpointManager(directory, replicas, optimizer, session=session)
 
         with self.assertRaisesRegex(TypeError, "`shard_optimizer_state` must be True or False"):
             towers.Replicated(test_util.built_model, test_util.devices(2), shard_optimizer_state=1)

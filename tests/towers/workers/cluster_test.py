@@ -31,7 +31,7 @@ def _ports(n):
     return ports
 
 
-def _start_workers(n, *args, devices=2, local_first=True, sharded=False):
+def _start_workers(n, *args, devices=2, local_first=True, sharded=False, poison=None):
     """Starts `n` workers (`tests.towers.workers.program`) with their TF_CONFIG; the processes."""
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
@@ -41,7 +41,8 @@ def _start_workers(n, *args, devices=2, local_first=True, sharded=False):
         env["WORKER_DEVICES"] = str(devices)
         env["WORKER_LOCAL_FIRST"] = str(int(local_first))
         env["WORKER_SHARDED"] = str(int(sharded))
-        env["WORKER_POISON_STEP"] = str(POISONED if sharded else -1)
+        poisoned = sharded if poison is None else poison
+        env["WORKER_POISON_STEP"] = str(POISONED if poisoned else -1)
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.towers.workers.program", *args],
@@ -116,18 +117,31 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         for name, var in _reference([5, 6]).items():
             test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
-    def test_v1_graphs_and_sessions(self):
-        """Each worker builds a v1 graph and runs it in a session on its own server."""
-        directory = os.path.join(self.get_temp_dir(), "v1")
-        for code, output in _wait(_start_workers(2, "v1", directory, "5,6")):
+    @parameterized.parameters(False, True)
+    def test_v1_graphs_and_sessions(self, sharded):
+        """Each worker builds a v1 graph and runs it in a session on its own server (sharded:
+        the chief's checkpoint gathers the state the other worker keeps, in the session)."""
+        directory = os.path.join(self.get_temp_dir(), f"v1{int(sharded)}")
+        started = _start_workers(2, "v1", directory, "5,6", sharded=sharded, poison=False)
+        for code, output in _wait(started):
             self.assertEqual(code, 0, output[-3000:])
         model = test_util.built_model()
-        with towers.CheckpointManager(directory, model) as manager:
-            self.assertEqual(manager.restore_latest(), 10)
-        for name, var in _reference([5, 6]).items():
+        optimizer = towers.SGD(0.1, momentum=0.9) if sharded else None
+        with towers.CheckpointManager(directory, model, optimizer) as manager:
+            self.assertEqual(manager.restore_latest(), 10)  # strict: every slot in the file
+        want = _reference([5, 6])
+        for name, var in want.items():
             test_util.assert_allclose(
                 towers.named_variables(model)[name], var, rtol=1e-5, atol=1e-6
             )
+        if sharded:  # the momentum of step 10: (w9 - w10) / learning rate
+            before = {n: v.numpy() for n, v in _reference([5, 6], steps=9).items()}
+            slots = towers.named_variables(optimizer)
+            for name, var in want.items():
+                momentum = (before[name] - var.numpy()) / 0.1
+                test_util.assert_allclose(
+                    slots[f"slots/{name}/momentum"], momentum, rtol=1e-3, atol=1e-5
+                )
 
     @parameterized.parameters(1, 2)
     def test_a_synchronized_batch_norm_spans_the_workers(self, devices):
@@ -165,16 +179,20 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         for name, var in _reference([5, 6]).items():
             test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
-    def test_the_chiefs_checkpoint_resumes_in_one_process(self):
-        directory = os.path.join(self.get_temp_dir(), "run")
-        for code, output in _wait(_start_workers(2, "checkpoint", directory, "5,6")):
+    @parameterized.parameters(False, True)
+    def test_the_chiefs_checkpoint_resumes_in_one_process(self, sharded):
+        """Sharded across workers, the chief's file holds every worker's state: one process
+        (3 towers, unsharded) resumes from it, and so do 2 workers of 1 device (sharded)."""
+        directory = os.path.join(self.get_temp_dir(), f"run{int(sharded)}")
+        started = _start_workers(2, "checkpoint", directory, "5,6", sharded=sharded, poison=False)
+        for code, output in _wait(started):
             self.assertEqual(code, 0, output[-3000:])
         self.assertEqual(sorted(os.listdir(directory)).count("checkpoints.json"), 1)
         devices = test_util.devices(3)
         replicas = towers.Replicated(test_util.built_model, devices)
         optimizer = towers.SGD(0.1, momentum=0.9)
         with towers.CheckpointManager(directory, replicas, optimizer) as manager:
-            self.assertEqual(manager.restore_latest(), 5)
+            self.assertEqual(manager.restore_latest(), 5)  # strict: every slot in the file
 
         @tf.function
         def step(batch):
@@ -186,6 +204,16 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         want = _reference([5, 6])
         for name, var in towers.named_variables(replicas).items():
             test_util.assert_allclose(var, want[name], rtol=1e-5, atol=1e-6)
+        if not sharded:
+            return
+        resumed = _start_workers(
+            2, "resume", directory, "5,6", devices=1, sharded=True, poison=False
+        )
+        for code, output in _wait(resumed):
+            self.assertEqual(code, 0, output[-3000:])
+        saved = towers.read_weights(f"{directory}.final.npz")
+        for name, var in want.items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
 
 
 class AloneTest(tf.test.TestCase):

@@ -7,9 +7,13 @@ MODE:
   with WORKER_POISON_STEP=n, worker 1's embedding gradient is NaN at step n (one owner's
   share: the other workers' are finite), a step every worker skips).
 - "retrace": the same, worker 1's batches 2 smaller from step 5.
-- "v1": "train" in a v1 graph and session; a CheckpointManager saves to the directory OUT.
+- "v1": "train" in a v1 graph and session; a CheckpointManager saves to the directory OUT
+  (with WORKER_SHARDED=1, sharded state and the optimizer's state with the weights).
 - "batch_norm": 3 steps of a synchronized BatchNorm model; the chief saves the weights.
-- "checkpoint": 5 steps, then a CheckpointManager in the directory OUT.
+- "checkpoint": 5 steps, then a CheckpointManager in the directory OUT (every worker saves
+  with it; with WORKER_SHARDED=1 the chief's file gathers the state other workers keep).
+- "resume": restores the newest checkpoint of the directory OUT, trains to step 10, and the
+  chief saves the weights to OUT.final.npz.
 - "kill" / "stop" / "v1kill": worker 1 kills or freezes itself after one step (of a v1
   session for "v1kill"); the others report the error they get and how long after the fault
   it came, to OUT.<index>.json.
@@ -62,16 +66,18 @@ def main_v1(out, sizes, steps=10, kill=False):
     `kill`, worker 1 kills itself after one step (as the "kill" mode)."""
     devices = towers.list_devices()
     batches = [_my_part(test_util.batch(sum(sizes), seed=i), sizes) for i in range(steps)]
+    sharded = os.environ.get("WORKER_SHARDED", "0") == "1"
     with tf.Graph().as_default():
-        replicas = towers.Replicated(_build, devices)
+        replicas = towers.Replicated(_build, devices, shard_optimizer_state=sharded)
         broadcast = replicas.broadcast()
+        optimizer = towers.SGD(0.1, momentum=0.9)
         feeds = tf.nest.map_structure(
             lambda t: tf.compat.v1.placeholder(t.dtype, [None, *t.shape[1:]]), batches[0]
         )
         loss, _ = towers.train_step(
             lambda b: test_util.loss_fn(replicas.local())(b),
             replicas,
-            towers.SGD(0.1, momentum=0.9),
+            optimizer,
             feeds,
             devices,
         )
@@ -83,7 +89,8 @@ def main_v1(out, sizes, steps=10, kill=False):
                 sess.run(loss, dict(zip(tf.nest.flatten(feeds), flat)))
                 if kill and i == 0 and INFO.index == 1:
                     _fault(out, signal.SIGKILL)
-            with towers.CheckpointManager(out, replicas, session=sess) as manager:
+            saved = optimizer if sharded else None  # sharded: the state, gathered to the chief
+            with towers.CheckpointManager(out, replicas, saved, session=sess) as manager:
                 written = manager.save(steps)  # every worker calls it; the chief alone writes
             assert bool(written) == INFO.is_chief, written
     towers.barrier("end")
@@ -149,9 +156,13 @@ def main(mode, out, sizes):
             nonfinite="skip" if poison >= 0 else "raise",
         )[0]
 
-    steps = {"train": 10, "retrace": 10, "checkpoint": 5}.get(mode, 1000)
-    traced = 0
-    for i in range(steps):
+    steps = {"train": 10, "retrace": 10, "checkpoint": 5, "resume": 10}.get(mode, 1000)
+    traced, start = 0, 0
+    if mode == "resume":
+        with towers.CheckpointManager(out, replicas, optimizer) as manager:
+            start = manager.restore_latest()
+        assert start == 5, start
+    for i in range(start, steps):
         now = step_sizes(mode, sizes, i)
         if i == 5:
             traced = step.experimental_get_tracing_count()
@@ -165,7 +176,7 @@ def main(mode, out, sizes):
             written = manager.save(steps)
         assert bool(written) == INFO.is_chief, written
     elif INFO.is_chief:
-        towers.save_weights(replicas, out)
+        towers.save_weights(replicas, f"{out}.final.npz" if mode == "resume" else out)
     if mode == "retrace":  # from step 5 on, worker 1 traced once more, the others did not
         more = step.experimental_get_tracing_count() - traced
         assert more == (1 if INFO.index == 1 else 0), more
