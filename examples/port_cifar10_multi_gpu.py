@@ -78,11 +78,18 @@ def batch_at(images: np.ndarray, labels: np.ndarray, step: int, batch_size: int)
 
 
 def tower_loss(model: ConvNet, shard: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-    """The recipe's `tower_loss`: the mean cross-entropy over this tower's shard."""
+    """The recipe's `tower_loss`: the mean cross-entropy over this tower's shard.
+
+    In float64 through one-hot labels: a GPU has no float64 kernel for the sparse op.
+    """
     images, labels = shard
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=model(images))
-    )
+    logits = model(images)
+    if logits.dtype == tf.float64:
+        one_hot = tf.one_hot(labels, CLASSES, dtype=tf.float64)
+        losses = tf.nn.softmax_cross_entropy_with_logits(labels=one_hot, logits=logits)
+    else:
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_mean(losses)
 
 
 @dataclasses.dataclass

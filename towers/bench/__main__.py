@@ -184,8 +184,9 @@ def _state_suite() -> None:
     """
     batch = _BATCH.value or 256
     if _WORKER.value:
+        devices = _worker.bench_devices(_WORKER.value, _GPU_SPLIT.value)
         row = _state_memory.state_row(
-            _WORKER.value, _SHARDED.value, _OPTIMIZER.value, batch, _STEPS.value, _GPU_SPLIT.value
+            devices, _SHARDED.value, _OPTIMIZER.value, batch, _STEPS.value
         )
         print(json.dumps(row), flush=True)
         return

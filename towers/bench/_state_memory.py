@@ -8,7 +8,6 @@ import tensorflow as tf
 import towers
 from towers.bench._steps import towers_optimizer
 from towers.bench._tables import format_table
-from towers.bench._worker import bench_devices
 
 LAYERS, WIDTH = 12, 1536  # 12 x 9 MiB kernels: Adam's two slots weigh 216 MiB per copy
 
@@ -33,22 +32,21 @@ class Deep(tf.Module):
 
 
 def state_row(
-    num_devices: int,
+    devices: list[str],
     sharded: bool,
     optimizer: str,
     batch_size: int,
     steps: int,
-    gpu_split_mb: int = 0,
     *,
     layers: int = LAYERS,
     width: int = WIDTH,
 ) -> dict:
     """One configuration's row: state and memory of its devices after `steps` steps.
 
-    Must run in a fresh process (it makes the devices). Device memory is TensorFlow's
-    allocator's (`get_memory_info`): GPUs only (None on CPUs).
+    Device memory is TensorFlow's allocator's (`get_memory_info`): GPUs only (None on CPUs);
+    run one configuration per process for it to be the configuration's alone.
     """
-    devices = bench_devices(num_devices, gpu_split_mb)
+    num_devices = len(devices)
     replicas = towers.Replicated(
         lambda: Deep(layers, width), devices, shard_optimizer_state=sharded
     )

@@ -47,10 +47,8 @@ class CheckpointManager:
     superseded. `checkpoints.json` indexes what is kept and is rebuilt when lost. One writer
     per directory: an OS lock on `checkpoints.lock`, held until `close()`. Names carry no
     tower prefix, so a run saved with K towers resumes with any other number. Across workers
-    only the chief writes; every worker restores from the (shared or copied) directory.
-    With optimizer state sharded across workers (`Replicated(shard_optimizer_state=True)`),
-    every worker must call `save` at the same steps (each runs the same loop): the state
-    other workers keep is gathered to the chief, whose file holds all of it.
+    only the chief writes (sharded state: what other workers keep is gathered to it, so every
+    worker calls `save` alike); every worker restores from the (shared or copied) directory.
 
     Args:
       directory: Where the checkpoints live; created if needed.
@@ -113,8 +111,8 @@ class CheckpointManager:
         self._thread_lock = threading.Lock()
         self._shares = None  # sharded across workers: what the chief gathers at each save
         if spans_workers(model):
-            local = state_copies(model, optimizer, self.extra)
-            self._shares = ChiefShares(model, optimizer, self.extra, local, session)
+            local, extra = state_copies(model, optimizer, self.extra), self.extra
+            self._shares = ChiefShares(model, optimizer, extra, local, session)
         self.writes = current_workers().is_chief  # other workers read what the chief writes
         if not self.writes:
             self._lock, self._records = None, scan(self.directory, repair=False).usable
@@ -268,9 +266,8 @@ class CheckpointManager:
         self._records.append(pending)  # its files are ours from now on, whatever happens
         save_weights(self.model, self._path(pending.weights), session=self.session)
         if pending.state:
-            arrays = state_arrays(
-                self.model, self.optimizer, self.extra, step, self.session, shares
-            )
+            targets = self.model, self.optimizer, self.extra
+            arrays = state_arrays(*targets, step, self.session, shares)
             write_arrays(self._path(pending.state), arrays)
         record = dataclasses.replace(pending, complete=True)
         write_record(self.directory, record)

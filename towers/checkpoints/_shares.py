@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from towers.ops.internal import gather_from_owners
 from towers.optimizers import Optimizer
 from towers.step import GradientAccumulator
 from towers.variables import Copies, Replicated, Target, variable_copies
@@ -50,6 +51,54 @@ def state_elsewhere(model: Target, optimizer: Any, extra: Mapping[str, Target]) 
         if all(copy is None for copy in group)
         for name in followed_state(optimizer, extra, variable)
     }
+
+
+def gather_for_chief(
+    model: Replicated, state: dict[str, tuple[tf.Variable, tf.Variable | None]]
+) -> dict[str, tf.Tensor]:
+    """The state worker 0 keeps no copy of, all-gathered from its owners' workers.
+
+    Every worker must call it alike (the same `state` names, in the same order).
+
+    Args:
+      model: The `Replicated`, its state sharded across workers.
+      state: State name -> (the first copy of the variable it follows, this worker's copy
+        of the state: on the owner's device, or None where another worker owns it).
+
+    Returns:
+      State name -> its value on this worker's first device, for each state whose variable
+      a device of another worker than worker 0 owns.
+
+    Raises:
+      ValueError: if an owner's device lacks its state.
+    """
+    local = len(model.devices)
+    rank = model.algorithm.group_rank(local)
+    owner_of = {var.ref(): owner for var, owner in zip(model.variables_of(0), model.owners)}
+    wanted = [  # worker 0's devices are ranks 0..K-1; variables not trained stay on each
+        (name, var, mine)
+        for name, (var, mine) in state.items()
+        if owner_of.get(var.ref(), 0) >= local
+    ]
+    if not wanted:
+        return {}
+    owners = [owner_of[var.ref()] for _, var, _ in wanted]
+    values = [[None] * len(wanted) for _ in model.devices]
+    for j, ((name, _, mine), owner) in enumerate(zip(wanted, owners)):
+        if 0 <= owner - rank < local:
+            if mine is None:
+                raise ValueError(f"The state {name!r} is missing on its owner's device.")
+            with tf.device(model.devices[owner - rank]):
+                values[owner - rank][j] = tf.identity(mine.read_value())
+    gathered = gather_from_owners(
+        values,
+        model.devices,
+        owners,
+        algorithm=model.algorithm,
+        bucket_bytes=model.bucket_bytes,
+        like=[var for _, var, _ in wanted],
+    )
+    return {name: value for (name, _, _), value in zip(wanted, gathered[0])}
 
 
 class ChiefShares:
@@ -92,7 +141,7 @@ class ChiefShares:
                     "create it before the graph is finalized (before a MonitoredSession)."
                 )
             with session.graph.as_default():
-                self._tensors = model.gather_state_for_chief(self.state)
+                self._tensors = gather_for_chief(model, self.state)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The gathered state, by name (every worker must call it at the same save)."""
@@ -100,5 +149,5 @@ class ChiefShares:
             names = list(self._tensors)
             values = self.session.run([self._tensors[n] for n in names])
             return {n: np.asarray(v) for n, v in zip(names, values)}
-        gathered = tf.function(lambda: self.model.gather_state_for_chief(self.state))()
+        gathered = tf.function(lambda: gather_for_chief(self.model, self.state))()
         return {name: np.asarray(value.numpy()) for name, value in gathered.items()}

@@ -7,6 +7,7 @@ fetches, splits and copies the next batch, which no tower waits for (TF1's Stagi
 tensorpack's StagingInput and `tf.distribute`'s distributed datasets do the same).
 """
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ import tensorflow as tf
 
 import towers.ops as ops
 from towers.core import canonical_device, check_devices_exist, device_list
-from towers.ops.internal import library_code
+from towers.ops.internal import has_kernel, host_scope, library_code
 
 
 class StagedInput:
@@ -88,8 +89,8 @@ class StagedInput:
             )
         shards = []
         for buffers, device, size in zip(self._buffers, self.devices, self._static_sizes()):
-            with tf.device(device), tf.control_dependencies([check] if check is not None else []):
-                leaves = [buffer.read_value() for buffer in buffers]
+            with tf.control_dependencies([check] if check is not None else []):
+                leaves = [_read(buffer, device) for buffer in buffers]
             for leaf, spec in zip(leaves, self._specs):  # every batch has the spec's shape
                 leaf.set_shape(tf.TensorShape([size]).concatenate(spec.shape[1:]))
             shards.append(tf.nest.pack_sequence_as(self.element_spec, leaves))
@@ -118,9 +119,9 @@ class StagedInput:
         batch = tf.nest.pack_sequence_as(self.element_spec, leaves)
         shards = ops.split_batch(batch, len(self.devices), device=self._split_device)
         assigned = []
-        for buffers, shard, device in zip(self._buffers, shards, self.devices):
-            with tf.device(device):
-                for buffer, leaf in zip(buffers, tf.nest.flatten(shard)):
+        for buffers, shard in zip(self._buffers, shards):
+            for buffer, leaf in zip(buffers, tf.nest.flatten(shard)):
+                with tf.device(buffer.device):  # the device's, or its host's
                     assigned.append(buffer.assign(leaf, read_value=False))
         with tf.control_dependencies([a for a in assigned if a is not None]):
             return self._mark(True)
@@ -229,9 +230,30 @@ def _checked_specs(element_spec: Any) -> list[tf.TensorSpec]:
     return specs
 
 
+def _read(buffer: tf.Variable, device: str) -> tf.Tensor:
+    """The buffer's shard, on `device` (a shard kept on the host is read there)."""
+    with tf.device(buffer.device):
+        value = buffer.read_value()
+    if _local(buffer.device) != _local(device):
+        with tf.device(device):
+            return tf.identity(value)
+    return value
+
+
+def _local(device: str) -> tuple[str, int]:
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.device_type.upper(), spec.device_index or 0
+
+
 def _buffer(spec: tf.TensorSpec, device: str) -> tf.Variable:
-    """A variable on `device` holding one shard of the leaf (any batch size)."""
+    """A variable holding one shard of the leaf (any batch size): on `device`, or beside it.
+
+    A GPU holds no variable of some dtypes (int32: TensorFlow keeps those in host memory);
+    their shards wait on the GPU's host CPU.
+    """
     shape = tf.TensorShape([None]).concatenate(spec.shape[1:])
     empty = [0] + [d if d is not None else 0 for d in spec.shape[1:]]
-    with tf.device(device):
+    with tf.device(device), contextlib.ExitStack() as scopes:
+        if not has_kernel("VarHandleOp", device, dtype=spec.dtype):
+            scopes.enter_context(host_scope())
         return tf.Variable(tf.zeros(empty, spec.dtype), shape=shape, trainable=False)

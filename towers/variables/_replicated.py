@@ -156,27 +156,6 @@ class Replicated(VariableStrategy):
         self._check_model(model)
         return [] if self._sharded is None else self._sharded.gather(self, updates)
 
-    def gather_state_for_chief(
-        self, state: dict[str, tuple[tf.Variable, tf.Variable | None]]
-    ) -> dict[str, tf.Tensor]:
-        """With state sharded across workers, what worker 0 lacks of it, from its owners.
-
-        A checkpoint's writer (worker 0) holds every value but the state of variables other
-        workers own; `CheckpointManager` gathers those with this at each save (an all-gather
-        over every worker's devices: every worker calls it alike, as each runs the same
-        loop).
-
-        Args:
-          state: State name -> (the first copy of the variable it follows, this worker's
-            copy of the state, or None where another worker keeps it), the same names on
-            every worker.
-
-        Returns:
-          State name -> its value on this worker's first device, for the state of each
-          variable a device of another worker owns; empty without sharded state.
-        """
-        return {} if self._sharded is None else self._sharded.gather_for_chief(self, state)
-
     @library_code
     def variable_copies(self, model: Any = None) -> Copies:
         """Every variable's copies, first replica first, under the first replica's names.

@@ -132,48 +132,6 @@ class ShardedState:
                 ]
         return [a for a in assigned if a is not None]
 
-    def gather_for_chief(
-        self, replicas: Any, state: dict[str, tuple[tf.Variable, tf.Variable | None]]
-    ) -> dict[str, tf.Tensor]:
-        """The state worker 0 keeps no copy of, all-gathered from its owners' workers.
-
-        Every worker must call it alike (the same `state` names, in the same order).
-
-        Args:
-          replicas: The `Replicated`.
-          state: State name -> (the first copy of the variable it follows, this worker's
-            copy of the state: on the owner's device, or None where another worker owns it).
-
-        Returns:
-          State name -> its value on this worker's first device, for each state whose
-          variable a device of another worker than worker 0 owns.
-        """
-        local = len(replicas.devices)
-        wanted = [
-            (name, var, mine)
-            for name, (var, mine) in state.items()
-            if self._owner_of.get(var.ref(), 0) >= local  # worker 0's devices: ranks 0..K-1
-        ]
-        if not wanted:
-            return {}
-        owners = [self._owner_of[var.ref()] for _, var, _ in wanted]
-        values = [[None] * len(wanted) for _ in replicas.devices]
-        for j, ((name, _, mine), owner) in enumerate(zip(wanted, owners)):
-            if 0 <= owner - self.rank < local:
-                if mine is None:
-                    raise ValueError(f"The state {name!r} is missing on its owner's device.")
-                with tf.device(replicas.devices[owner - self.rank]):
-                    values[owner - self.rank][j] = tf.identity(mine.read_value())
-        gathered = gather_from_owners(
-            values,
-            replicas.devices,
-            owners,
-            algorithm=self.algorithm,
-            bucket_bytes=replicas.bucket_bytes,
-            like=[var for _, var, _ in wanted],
-        )
-        return {name: value for (name, _, _), value in zip(wanted, gathered[0])}
-
     def state_copies(self, copies: dict[str, tuple[tf.Variable, ...]]) -> dict[str, tuple]:
         """Each variable's copies, None but its owner's.
 

@@ -49,7 +49,8 @@ class StateBenchTest(tf.test.TestCase):
     def test_sharded_rows_hold_a_quarter_of_the_state_per_device(self):
         """4 layers of 8x8 + bias on 4 devices: Adam's slots, 1/4 of them on each device."""
         whole, sharded = (
-            _state_memory.state_row(4, s, "adam", 10, 2, layers=4, width=8) for s in (False, True)
+            _state_memory.state_row(test_util.devices(4), s, "adam", 10, 2, layers=4, width=8)
+            for s in (False, True)
         )
         slots = 2 * 4 * (8 * 8 + 8) * 4 / 2**20  # two slots, 4 layers, float32, in MiB
         self.assertAllClose(whole["state_mib"], [slots] * 4)

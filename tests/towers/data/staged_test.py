@@ -1,6 +1,7 @@
 """Input staged on the devices: the same training as the batches given, one batch ahead."""
 
 import os
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -8,6 +9,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from towers.data import _staged
 
 BATCH, BATCHES = 11, 4
 
@@ -47,6 +49,31 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(step.experimental_get_tracing_count(), 1)
         with self.assertRaises(tf.errors.InvalidArgumentError):  # (its Assert's error)
             step(staged)
+
+    def test_a_dtype_the_device_holds_no_variable_of_waits_on_its_host(self):
+        """As int32 on a GPU (asked of the kernel registry; here it says so of every device):
+        the ids and labels wait on CPU:0 and each step reads them onto the tower's device."""
+        devices = test_util.devices(3)[-2:]  # not CPU:0, where the host's variables go
+        no_int32 = lambda op, device, **dtypes: dtypes.get("dtype") != tf.int32  # noqa: E731
+        with mock.patch.object(_staged, "has_kernel", no_int32):
+            staged = towers.prefetch_to_devices(_dataset(), devices)
+        kept = {spec.dtype: [] for spec in staged._specs}
+        for buffers in staged._buffers:
+            for buffer, spec in zip(buffers, staged._specs):
+                kept[spec.dtype].append(test_util.local_device(buffer.device))
+        self.assertEqual(kept[tf.int32], ["/device:CPU:0"] * 4)  # ids and labels, 2 devices
+        self.assertEqual(kept[tf.float32], devices)
+        shards, _ = staged.take()
+        for shard, device in zip(shards, devices):
+            for leaf in tf.nest.flatten(shard):
+                self.assertEqual(test_util.local_device(leaf.device), device)
+        reference = test_util.built_model()
+        by_hand = test_util.reference_step(reference, test_util.loss_fn(reference), 0.1)
+        model = test_util.built_model()
+        step = _step(model, towers.SGD(0.1), devices)
+        losses = [float(step(batch)) for batch in staged]
+        want = [float(by_hand(batch)[0]) for batch in _dataset().skip(1)]  # (one was taken)
+        test_util.assert_allclose(losses, want, rtol=1e-5)
 
     def test_shards_wait_on_their_devices_and_no_tower_waits_for_the_next(self):
         devices = test_util.devices(2)

@@ -155,6 +155,38 @@ class GpuKernelsTest(tf.test.TestCase, parameterized.TestCase):
             ops.all_reduce_algorithm(algorithm)(values, GPUS)
         self._assert_every_op_runs_on_its_gpu(graph)
 
+    @parameterized.parameters("reduce_broadcast", "ring", "collective")
+    def test_integer_reduce_scatter_and_all_gather(self, algorithm):
+        with tf.Graph().as_default() as graph:
+            values = []
+            for device in GPUS:
+                with tf.device(device):
+                    values.append(tf.reshape(tf.range(10, dtype=tf.int64), [10, 1]))
+            halves = ops.all_reduce_algorithm(algorithm)
+            halves.all_gather(halves.reduce_scatter(values, GPUS), GPUS)
+        self._assert_every_op_runs_on_its_gpu(graph)
+
+    def test_sharded_optimizer_state(self):
+        with tf.Graph().as_default() as graph:
+            replicas = towers.Replicated(_built(test_util.Model), GPUS, shard_optimizer_state=True)
+            towers.train_step(
+                lambda b: test_util.loss_fn(replicas.local())(b),
+                replicas,
+                towers.Adam(0.01),
+                test_util.batch(11),
+                GPUS,
+                nonfinite="skip",
+            )
+        self._assert_every_op_runs_on_its_gpu(graph)
+
+    def test_the_cifar10_port_in_float64(self):
+        """The GPU tier compares the port in float64 (examples/port_cifar10_multi_gpu.py)."""
+        from examples import port_cifar10_multi_gpu as cifar  # noqa: PLC0415
+
+        for stages in (False, True):
+            graph = cifar.build_graph(GPUS, 0.1, 0, stages, tf.float64).graph
+            self._assert_every_op_runs_on_its_gpu(graph)
+
 
 if __name__ == "__main__":
     tf.test.main()
