@@ -81,6 +81,22 @@ class ShardedStateTest(tf.test.TestCase, parameterized.TestCase):
             resumed, _ = _train(k, shard, steps=2, start=2, replicas=replicas, optimizer=optimizer)
             for got, want in zip(resumed.replicas[-1].variables, whole.replicas[0].variables):
                 test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        model, optimizer = test_util.built_model(), towers.Adam(0.01)  # a parameter server
+        with towers.CheckpointManager(directory, model, optimizer) as manager:
+            self.assertEqual(manager.restore_latest(), 2)
+        devices, server = test_util.devices(3), towers.ParameterServer(test_util.devices(1)[0])
+
+        @tf.function
+        def train(batch):
+            return towers.train_step(
+                test_util.loss_fn(model), model, optimizer, batch, devices,
+                variable_strategy=server,
+            )  # fmt: skip
+
+        for i in (2, 3):
+            train(test_util.batch(11, seed=i))
+        for got, want in zip(model.variables, whole.replicas[0].variables):
+            test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
         model = test_util.built_model()  # and a single-device program loads the weights
         towers.restore_weights(model, os.path.join(directory, "ckpt-00000002.weights.npz"))
         for got, want in zip(model.variables, first.replicas[1].variables):
