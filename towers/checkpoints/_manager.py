@@ -111,8 +111,8 @@ class CheckpointManager:
         self._thread_lock = threading.Lock()
         self._shares = None  # sharded across workers: what the chief gathers at each save
         if spans_workers(model):
-            local, extra = state_copies(model, optimizer, self.extra), self.extra
-            self._shares = ChiefShares(model, optimizer, extra, local, session)
+            local = state_copies(model, optimizer, self.extra)
+            self._shares = ChiefShares(model, optimizer, self.extra, local, session)
         self.writes = current_workers().is_chief  # other workers read what the chief writes
         if not self.writes:
             self._lock, self._records = None, scan(self.directory, repair=False).usable
