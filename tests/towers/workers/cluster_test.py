@@ -8,6 +8,7 @@ import sys
 import time
 from unittest import mock
 
+import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
@@ -190,8 +191,19 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         devices = test_util.devices(3)
         replicas = towers.Replicated(test_util.built_model, devices)
         optimizer = towers.SGD(0.1, momentum=0.9)
-        with towers.CheckpointManager(directory, replicas, optimizer) as manager:
-            self.assertEqual(manager.restore_latest(), 5)  # strict: every slot in the file
+        sums = towers.GradientAccumulator(every=2)
+        extra = {"sums": sums}
+        with towers.CheckpointManager(directory, replicas, optimizer, extra=extra) as manager:
+            self.assertEqual(manager.restore_latest(), 5)  # strict: every slot and sum there
+        trained = replicas.variables_of(0)  # their owners at 2 workers x 2 devices, as saved
+        owners = towers.ops.internal.owners_by_bytes(trained, 4)
+        worker = {var.ref(): owner // 2 for var, owner in zip(trained, owners)}
+        restored = sums.variable_copies()
+        for name, var in towers.named_variables(replicas).items():
+            want = worker.get(var.ref(), 0) + 1  # what the owner's worker wrote in its sums
+            got = restored[f"sums/{name}"][0]
+            np.testing.assert_array_equal(got, np.full(var.shape, want, var.dtype.as_numpy_dtype))
+        self.assertIn(1, worker.values())  # worker 1 owns some: their sums were gathered
 
         @tf.function
         def step(batch):

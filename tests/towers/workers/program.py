@@ -11,7 +11,8 @@ MODE:
   (with WORKER_SHARDED=1, sharded state and the optimizer's state with the weights).
 - "batch_norm": 3 steps of a synchronized BatchNorm model; the chief saves the weights.
 - "checkpoint": 5 steps, then a CheckpointManager in the directory OUT (every worker saves
-  with it; with WORKER_SHARDED=1 the chief's file gathers the state other workers keep).
+  with it; with WORKER_SHARDED=1 the chief's file gathers the state other workers keep),
+  with a GradientAccumulator whose sums each worker fills with its index + 1.
 - "resume": restores the newest checkpoint of the directory OUT, trains to step 10, and the
   chief saves the weights to OUT.final.npz.
 - "kill" / "stop" / "v1kill": worker 1 kills or freezes itself after one step (of a v1
@@ -158,8 +159,9 @@ def main(mode, out, sizes):
 
     steps = {"train": 10, "retrace": 10, "checkpoint": 5, "resume": 10}.get(mode, 1000)
     traced, start = 0, 0
+    sums = {"sums": towers.GradientAccumulator(every=2)}  # (checkpointed, never accumulating)
     if mode == "resume":
-        with towers.CheckpointManager(out, replicas, optimizer) as manager:
+        with towers.CheckpointManager(out, replicas, optimizer, extra=sums) as manager:
             start = manager.restore_latest()
         assert start == 5, start
     for i in range(start, steps):
@@ -172,7 +174,10 @@ def main(mode, out, sizes):
             _fault(out, signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
     towers.check_replicas_identical(replicas)
     if mode == "checkpoint":  # every worker calls it; the chief alone writes
-        with towers.CheckpointManager(out, replicas, optimizer) as manager:
+        with towers.CheckpointManager(out, replicas, optimizer, extra=sums) as manager:
+            for group in sums["sums"].variable_copies().values():  # this worker's: its number
+                for var in group:
+                    var.assign(tf.fill(var.shape, tf.cast(INFO.index + 1, var.dtype)))
             written = manager.save(steps)
         assert bool(written) == INFO.is_chief, written
     elif INFO.is_chief:
