@@ -175,8 +175,8 @@ def main(mode, out, sizes):
     towers.check_replicas_identical(replicas)
     if mode == "checkpoint":  # every worker calls it; the chief alone writes
         with towers.CheckpointManager(out, replicas, optimizer, extra=sums) as manager:
-            for group in sums["sums"].variable_copies().values():  # this worker's: its number
-                for var in group:
+            for name, group in sums["sums"].variable_copies().items():  # this worker's sums
+                for var in group if name.startswith("sums/") else ():
                     var.assign(tf.fill(var.shape, tf.cast(INFO.index + 1, var.dtype)))
             written = manager.save(steps)
         assert bool(written) == INFO.is_chief, written
