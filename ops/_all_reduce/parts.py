@@ -15,7 +15,6 @@ and faster where an algorithm overrides `scatter_sum` and `gather_parts`.
 from collections.abc import Sequence
 
 from towers.ops._arguments import check_int
-from towers.ops._kernels import has_kernel
 from towers.ops._split import shard_sizes
 from towers.ops._tensorflow import tf
 
@@ -99,14 +98,10 @@ def padded(parts: list[tf.Tensor], devices: list[str], sizes: list[int], rank: i
     for i, (part, device) in enumerate(zip(parts, devices)):
         before = begin[rank + i]
         after = total - before - sizes[rank + i]
-        with tf.device(device):
-            if has_kernel("Pad", device, T=part.dtype):
-                pad = [[before, after]] + [[0, 0]] * (part.shape.rank - 1)
-                out.append(tf.pad(part, pad))
-            else:  # (a GPU pads no int64) zeros concatenated around it
-                rest = tf.shape(part)[1:]
-                zeros = [tf.zeros(tf.concat([[n], rest], 0), part.dtype) for n in (before, after)]
-                out.append(tf.concat([zeros[0], part, zeros[1]], axis=0))
+        with tf.device(device):  # zeros concatenated around it (a GPU has no int64 Pad)
+            rest = tf.shape(part)[1:]
+            zeros = [tf.zeros(tf.concat([[n], rest], 0), part.dtype) for n in (before, after)]
+            out.append(tf.concat([zeros[0], part, zeros[1]], axis=0))
     return out
 
 

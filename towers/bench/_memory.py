@@ -49,14 +49,15 @@ def peak_megabytes(num_devices: int, batch_size: int, micro_batches: list[int]) 
 
         float(step(batch))  # trace and warm up
         for device in devices:
-            tf.config.experimental.reset_memory_stats(_short(device))
+            tf.config.experimental.reset_memory_stats(short_name(device))
         for _ in range(3):
             loss = float(step(batch))
-        peak = sum(tf.config.experimental.get_memory_info(_short(d))["peak"] for d in devices)
+        peak = sum(tf.config.experimental.get_memory_info(short_name(d))["peak"] for d in devices)
         rows.append((parts, peak / 2**20, loss))
     return rows
 
 
-def _short(device: str) -> str:
+def short_name(device: str) -> str:
+    """The name `tf.config.experimental.get_memory_info` takes, e.g. "GPU:1"."""
     spec = tf.DeviceSpec.from_string(device)
     return f"{spec.device_type}:{spec.device_index}"

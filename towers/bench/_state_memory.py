@@ -6,8 +6,10 @@ import time
 import tensorflow as tf
 
 import towers
+from towers.bench._memory import short_name
 from towers.bench._steps import towers_optimizer
 from towers.bench._tables import format_table
+from towers.bench._worker import slot_bytes
 
 LAYERS, WIDTH = 12, 1536  # 12 x 9 MiB kernels: Adam's two slots weigh 216 MiB per copy
 
@@ -70,10 +72,7 @@ def state_row(
         began = time.perf_counter()
         loss = float(step(batch))
         times.append(time.perf_counter() - began)
-    state: dict[str, int] = {}
-    for var in rule.slot_variables:
-        size = var.shape.num_elements() * var.dtype.size
-        state[var.device] = state.get(var.device, 0) + size
+    state = slot_bytes(rule)
     firsts = [replicas.variables_of(i)[0] for i in range(num_devices)]
     per_device = [state.get(first.device, 0) for first in firsts]
     memory = [_memory(d) for d in devices]
@@ -126,18 +125,13 @@ def state_table(rows: list[dict], optimizer: str) -> str:
     return f"{title}\n{format_table(header, lines)}\n{note}"
 
 
-def _short(device: str) -> str:
-    spec = tf.DeviceSpec.from_string(device)
-    return f"{spec.device_type}:{spec.device_index}"
-
-
 def _reset(device: str) -> None:
     if tf.DeviceSpec.from_string(device).device_type == "GPU":
-        tf.config.experimental.reset_memory_stats(_short(device))
+        tf.config.experimental.reset_memory_stats(short_name(device))
 
 
 def _memory(device: str) -> tuple[int, int] | None:
     if tf.DeviceSpec.from_string(device).device_type != "GPU":
         return None
-    info = tf.config.experimental.get_memory_info(_short(device))
+    info = tf.config.experimental.get_memory_info(short_name(device))
     return info["current"], info["peak"]

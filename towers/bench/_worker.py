@@ -174,11 +174,16 @@ def _state_kb(label: str, model: str, devices: list[str], optimizer: str) -> flo
     )
     state = towers_optimizer(optimizer)
     state.build(replicas.state_copies())
+    return max(slot_bytes(state).values(), default=0) / 1024
+
+
+def slot_bytes(optimizer: towers.Optimizer) -> dict[str, int]:
+    """The bytes of the optimizer's slot variables on each device, by device name."""
     per_device: dict[str, int] = {}
-    for var in state.slot_variables:
+    for var in optimizer.slot_variables:
         size = var.shape.num_elements() * var.dtype.size
         per_device[var.device] = per_device.get(var.device, 0) + size
-    return max(per_device.values(), default=0) / 1024
+    return per_device
 
 
 def _all_reduces(label: str, model: str, bucket_bytes: int | None) -> int | None:

@@ -253,7 +253,6 @@ def _buffer(spec: tf.TensorSpec, device: str) -> tf.Variable:
     """
     shape = tf.TensorShape([None]).concatenate(spec.shape[1:])
     empty = [0] + [d if d is not None else 0 for d in spec.shape[1:]]
-    with tf.device(device), contextlib.ExitStack() as scopes:
-        if not has_kernel("VarHandleOp", device, dtype=spec.dtype):
-            scopes.enter_context(host_scope())
+    held = has_kernel("VarHandleOp", device, dtype=spec.dtype)
+    with tf.device(device), contextlib.nullcontext() if held else host_scope():
         return tf.Variable(tf.zeros(empty, spec.dtype), shape=shape, trainable=False)
