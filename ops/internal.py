@@ -24,7 +24,8 @@ training program needs none of it. It is the one door through which `towers` rea
   `towers.core.user_code_entry`).
 - Arguments: `check_int`, `check_number` (finite), `check_bool`: a `TypeError` for a wrong
   type, a `ValueError` for a value out of range, one wording everywhere.
-- Control: `update_ops` (the ops in nested update results, for a control dependency).
+- Control: `update_ops` (the ops in nested update results, for a control dependency) and
+  `selected` (writes kept or undone by a boolean on the device: the non-finite guard).
 - Placement: `device_scope` (a device, or the caller's scope for None), `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel) and `has_kernel` (whether
   TensorFlow has a kernel for an op and its dtypes on a kind of device).
@@ -53,6 +54,7 @@ from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
 from towers.ops._ownership import owners_by_bytes
 from towers.ops._packing import check_bucket_bytes
+from towers.ops._selected import selected
 from towers.ops._slices import deduplicated, densified
 from towers.ops._tower_grads import Gradient
 from towers.ops._updates import update_ops
@@ -88,6 +90,7 @@ __all__ = [
     "random_group_key",
     "reduce_on",
     "reduce_to_owners",
+    "selected",
     "spread",
     "sum_on",
     "trace_count",

@@ -10,43 +10,19 @@ distributed dataset, or `towers.prefetch_to_devices`.
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import tensorflow as tf
 
 import towers
+from towers.bench._mirrored_steps import mirrored
+from towers.bench._model_rule import (
+    LEARNING_RATE,
+    LossFn,
+    ModelFactory,
+    loss_and_gradients,
+    sgd,
+)
 from towers.bench._steps import Step
-
-LEARNING_RATE = 0.01
-ModelFactory = Callable[[], Any]  # a fresh Keras model with the shared initial weights
-LossFn = Callable[[Any, tuple], tf.Tensor]
-
-
-def sgd(variables: list, grads: list) -> list[tf.Operation]:
-    """Applies var -= LEARNING_RATE * grad to each variable, by TensorFlow's fused kernel."""
-    lr = tf.constant(LEARNING_RATE)
-    return [
-        tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
-        for var, grad in zip(variables, grads)
-    ]
-
-
-def loss_and_gradients(model: Any, loss_fn: LossFn, shard: tuple, shards: int = 1):
-    """(loss, gradients of `model.trainable_variables`) on one shard.
-
-    With `shards` > 1 the loss is the mean of that many equal slices' losses, each its own
-    forward pass (its own batch-norm statistics): what `shards` towers compute together.
-    Gradients are dense: an embedding's `IndexedSlices` is converted, so every configuration
-    reduces and applies the same dense tensors (as a DDP-style all-reduce does).
-    """
-    with tf.GradientTape() as tape:
-        if shards == 1:
-            loss = loss_fn(model, shard)
-        else:
-            pieces = zip(*(tf.split(t, shards) for t in shard))
-            loss = tf.add_n([loss_fn(model, piece) for piece in pieces]) / shards
-    grads = tape.gradient(loss, model.trainable_variables)
-    return loss, [tf.convert_to_tensor(grad) for grad in grads]
 
 
 def _fed(step: Step, dataset: tf.data.Dataset | None) -> Step:
@@ -97,12 +73,14 @@ def replicated(
     jit_compile: bool = False,
     dataset: tf.data.Dataset | None = None,
     split_device: str = "/cpu:0",
+    compile_update: bool = False,
 ) -> Step:
     """A hand-written replicated tower loop: one model copy per device, gradients summed.
 
     The step is a plain `tf.function`; each tower's loss and gradients, with `jit_compile`, a
     `tf.function(jit_compile=True)` of its own called under `tf.device(device)`. The mean
-    gradient is `tf.add_n` on the first device; every copy applies it on its own device.
+    gradient is `tf.add_n` on the first device; every copy applies it on its own device,
+    with `compile_update` as a second XLA program per device.
     """
     copies = []
     for device in devices:
@@ -111,6 +89,9 @@ def replicated(
     towers_ = [functools.partial(loss_and_gradients, model, loss_fn) for model in copies]
     if jit_compile:
         towers_ = [tf.function(tower, jit_compile=True) for tower in towers_]
+    applies = [functools.partial(_applied, model.trainable_variables) for model in copies]
+    if compile_update:
+        applies = [tf.function(apply, jit_compile=True) for apply in applies]
     k = len(devices)
 
     @tf.function
@@ -127,71 +108,58 @@ def replicated(
             mean = [tf.add_n(list(grads)) / k for grads in zip(*tower_grads)]
             loss = tf.add_n(losses) / k
         updates = []
-        for device, model in zip(devices, copies):
+        for device, apply in zip(devices, applies):
             with tf.device(device):
-                updates += sgd(model.trainable_variables, mean)
+                updates.append(apply(mean))
         with tf.control_dependencies(updates):
             return tf.identity(loss)
 
     return _fed(step, dataset)
 
 
-def mirrored(
+def _applied(variables: list, grads: list) -> tf.Tensor:
+    """`sgd`, as a value to wait for (what a compiled update returns)."""
+    with tf.control_dependencies(sgd(variables, grads)):
+        return tf.constant(True)
+
+
+def towers_stages(
     make_model: ModelFactory,
     loss_fn: LossFn,
-    strategy: tf.distribute.Strategy,
+    devices: list[str],
     *,
     jit_compile: bool = False,
     dataset: tf.data.Dataset | None = None,
 ) -> Step:
-    """`tf.distribute.MirroredStrategy` in a custom loop, as its guide writes one.
+    """`train_step`'s stages written out (`Replicated`): towers compiled, the update not.
 
-    Each replica computes its loss and gradients (with `jit_compile`, in a
-    `tf.function(jit_compile=True)` called inside `strategy.run`), all-reduces them in one
-    `ctx.all_reduce("mean", grads)` (a single batched reduction of the whole list) and applies
-    them in `merge_call` with `strategy.extended.update`. Fed by
-    `strategy.experimental_distribute_dataset` when a dataset is given, else by splitting
-    the batch with `experimental_distribute_values_from_function`.
+    `towers.tower_gradients(..., jit_compile=True)` in each tower, then
+    `towers.apply_replicated` (its update uncompiled, the default non-finite guard): what
+    `train_step(..., jit_compile=True)` did before its update was compiled.
     """
-    with strategy.scope():
-        model = make_model()
-    variables = [var.value for var in model.trainable_variables]  # the MirroredVariables
-    tower = functools.partial(loss_and_gradients, model, loss_fn)
-    if jit_compile:
-        tower = tf.function(tower, jit_compile=True)
+    model = towers.Replicated(make_model, devices)
+    optimizer = towers.SGD(LEARNING_RATE)
+    staged = None if dataset is None else towers.prefetch_to_devices(dataset, devices)
 
-    def apply(distribution, grads):
-        for var, grad in zip(variables, grads):
-            distribution.extended.update(var, lambda v, g: sgd([v], [g]), args=(grad,))
-
-    def replica_step(shard):
-        loss, grads = tower(shard)
-        context = tf.distribute.get_replica_context()
-        context.merge_call(apply, args=(context.all_reduce("mean", grads),))
-        return loss
-
-    k = strategy.num_replicas_in_sync
-    if dataset is not None:
-        iterator = iter(strategy.experimental_distribute_dataset(dataset))
-
-        @tf.function
-        def step(batch):
-            del batch  # the dataset's instead
-            losses = strategy.run(replica_step, args=(next(iterator),))
-            return strategy.reduce("mean", losses, axis=None)
-
-        return step
+    def tower(shard):
+        loss, _, grads = towers.tower_gradients(
+            lambda s: loss_fn(model.local(), s), model, shard, jit_compile=jit_compile
+        )
+        return loss, grads
 
     @tf.function
-    def split_step(batch):
-        shards = list(zip(*(tf.split(t, k) for t in batch)))
-        per_replica = strategy.experimental_distribute_values_from_function(
-            lambda ctx: shards[ctx.replica_id_in_sync_group]
-        )
-        losses = strategy.run(replica_step, args=(per_replica,))
-        return strategy.reduce("mean", losses, axis=None)
+    def step(batch):
+        if staged is None:
+            shards = towers.ops.split_batch(batch, len(devices))
+            sizes = towers.ops.shard_sizes(batch, len(devices))
+        else:
+            shards, sizes = staged.take()
+        losses, grads = zip(*towers.replicate(tower, shards, devices, variable_strategy=model))
+        updates = towers.apply_replicated(model, list(grads), sizes, optimizer)
+        with tf.control_dependencies(updates):
+            return tf.add_n(list(losses)) / len(devices)
 
-    return split_step
+    return step
 
 
 def towers_step(
@@ -284,4 +252,14 @@ def model_rows(
         rows["towers replicated xla, no guard"] = functools.partial(
             towers_step, devices=devices, dataset=dataset, nonfinite=None
         )
+        rows["towers replicated xla, update uncompiled"] = functools.partial(
+            towers_stages, devices=devices, dataset=dataset
+        )
+        rows["hand-written towers xla, update compiled"] = functools.partial(
+            replicated, devices=devices, dataset=dataset, compile_update=True
+        )
+        if strategy is not None and strategy.num_replicas_in_sync == 1:
+            rows["mirrored xla, whole replica"] = functools.partial(
+                mirrored, strategy=strategy, dataset=dataset, whole=True
+            )
     return {label: functools.partial(build, make_model, **common) for label, build in rows.items()}

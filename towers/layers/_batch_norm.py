@@ -156,8 +156,10 @@ class BatchNorm(tf.Module):
         y = self._normalized(x, mean, variance)
         tower = current_tower()
         # Every tower takes part in the exchange (`prepare`), whether it updates state or not.
-        update = self._update_moving if updates_state() else _no_update
-        if defer_state_update(update, tower and tower.device, inputs, prepare):
+        update, writes = _no_update, ()
+        if updates_state():
+            update, writes = self._update_moving, (self.moving_mean, self.moving_variance)
+        if defer_state_update(update, tower and tower.device, inputs, prepare, writes=writes):
             return y  # the step builds it with the update, after its non-finite verdict
         built = update(*(prepare(*inputs) if prepare else inputs))
         if not built:

@@ -14,8 +14,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import deduplicated, densified, device_scope, library_code, update_ops
+from towers.ops.internal import deduplicated, densified, library_code, update_ops
 from towers.optimizers._checks import check_learning_rate
+from towers.optimizers._device_updates import copy_updates
 from towers.variables import CopiedState, Copies, canonical_name, state_copies
 
 Gradient = tf.Tensor | tf.IndexedSlices
@@ -139,15 +140,19 @@ class Optimizer(tf.Module, CopiedState):
                     self._state_of(var, name, copy)
 
     @library_code
-    def state_name(self, var: tf.Variable) -> str:
+    def state_name(self, var: tf.Variable, *, create: bool = True) -> str | None:
         """The name the state of `var` goes by in weight files (its state is made if new).
 
         Args:
           var: A variable this optimizer updates.
+          create: Whether to make the state of a variable met for the first time; False
+            returns None for it instead.
 
         Returns:
           The canonical name, e.g. "dense/kernel" (state "slots/dense/kernel/m").
         """
+        if not create and var.ref() not in self._states:
+            return None
         return self._state_of(var).name
 
     def variable_copies(self) -> Copies:
@@ -167,43 +172,41 @@ class Optimizer(tf.Module, CopiedState):
         }
 
     @library_code
-    def apply_gradients(self, grads_and_vars: Iterable[tuple[Gradient | None, tf.Variable]]) -> Any:
+    def apply_gradients(
+        self,
+        grads_and_vars: Iterable[tuple[Gradient | None, tf.Variable]],
+        *,
+        finite: tf.Tensor | None = None,
+        jit_compile: bool = False,
+    ) -> Any:
         """Applies one update per `(gradient, variable)` pair; None gradients are skipped.
 
         Args:
           grads_and_vars: Pairs of gradient and variable.
+          finite: None, or a boolean scalar (the step's non-finite verdict): where False,
+            the update writes every variable, slot and step count back as it was, decided
+            on the devices (`tf.where`, no host round trip and no `tf.cond`).
+          jit_compile: Build each device's updates (of one copy) as one XLA program on that
+            device, the choice of `finite` inside it. The learning rate and the step count
+            are read outside and passed in; sparse gradients are made dense inside (XLA
+            has no `unique`), which a rule's rows-only `update_sparse` equals.
 
         Returns:
           An op grouping the updates and the step counts (None when executing eagerly).
+
+        Raises:
+          TypeError: if `jit_compile` is not a bool.
         """
+        if not isinstance(jit_compile, bool):
+            raise TypeError(f"`jit_compile` must be True or False; got {jit_compile!r}.")
         by_copy: dict[int, list] = {}
         for grad, var in grads_and_vars:
             if grad is not None:
                 state = self._state_of(var)
                 by_copy.setdefault(state.copy, []).append((grad, var, state))
         ops = []
-        # A plain number becomes each variable's dtype directly: through float32, a float64
-        # model's rate would be off by up to 3e-8 relative.
-        number = self.learning_rate if isinstance(self.learning_rate, (int, float)) else None
         for copy, group in by_copy.items():
-            counter = self.iterations.get(copy)
-            with device_scope(counter.device if counter is not None else None):
-                with tf.name_scope(self.name):
-                    done = counter.read_value() if counter is not None else tf.constant(0, tf.int64)
-                    if number is None:
-                        lr = tf.cast(self.current_learning_rate(done), tf.float32)
-            updates, cast = [], {}
-            for grad, var, state in group:
-                with tf.device(var.device), tf.name_scope(self.name):
-                    key = (var.device, var.dtype)
-                    if key not in cast:
-                        rate = tf.constant(number, var.dtype) if number is not None else lr
-                        cast[key] = (tf.cast(rate, var.dtype), tf.cast(done + 1, var.dtype))
-                    updates.append(self._update_one(grad, var, state.slots, *cast[key]))
-            if counter is not None:
-                with tf.device(counter.device), tf.control_dependencies(update_ops(updates)):
-                    ops.append(counter.assign_add(1))
-            ops += updates
+            ops += copy_updates(self, copy, group, finite, jit_compile)
         return tf.group(update_ops(ops))
 
     @property

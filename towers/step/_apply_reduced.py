@@ -1,5 +1,6 @@
 """Applying a strategy's reduced gradients: the gradient hook, checked, then the optimizer."""
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -7,22 +8,23 @@ import tensorflow as tf
 
 from towers.core import as_caller_would, user_code_entry
 from towers.ops.internal import (
-    deduplicated,
     device_scope,
-    host_scope,
     library_code,
     update_ops,
 )
 from towers.optimizers import AppliesGradients, Optimizer
 from towers.step._accumulator import GradientAccumulator
+from towers.step._compiled import check_jit_compile
+from towers.step._hook_checks import checked, unique_rows
 from towers.step._loss_scale import LossScale, scale_value
 from towers.step._nonfinite import (
-    NONFINITE,
-    applied_if,
+    Verdict,
+    applied,
     finite_rate,
-    guarded,
-    true_after,
-    verdict,
+    judge,
+    kept_state,
+    raised,
+    resolve,
 )
 from towers.variables import ReducedGradients
 
@@ -36,10 +38,11 @@ def apply_reduced(
     gradient_hook: GradientHook | None = None,
     *,
     loss_scale: LossScale | float | None = None,
-    nonfinite: str | None = None,
+    nonfinite: str | None = "default",
     accumulate: GradientAccumulator | None = None,
     batch_size: Any = None,
     state_updates: Sequence[Callable[[], Any]] = (),
+    jit_compile: bool = False,
 ) -> list:
     """Applies each copy's reduced gradients: unscaled, the hook (if any), the optimizer.
 
@@ -52,19 +55,23 @@ def apply_reduced(
       loss_scale: The loss scale the gradients carry (divided out here); a `LossScale`
         object is also told whether the step (with `accumulate`: this call) was finite.
       nonfinite: What a NaN or Inf in a gradient (or in a towers optimizer's learning rate)
-        does: "raise" (the step fails before any state changes), "skip" (no state changes:
-        weights, optimizer state, `state_updates`, accumulated sums) or None (no check).
-        With `accumulate`, each call's gradients are checked as they are added: a skipped
-        call adds neither its gradients nor its examples.
+        does, as in `train_step` (the same default: "raise", or "skip" with a loss scale):
+        "skip" (no state changes: weights, optimizer state, `state_updates`, accumulated
+        sums; decided on the devices), "raise" (the same, then the updates' run fails with
+        an error naming the variables) or None (no check). With `accumulate`, each call's
+        gradients are checked as they are added: a skipped call adds neither its gradients
+        nor its examples.
       accumulate: A `GradientAccumulator`: the gradients are added to its sums, and the
         hook and the optimizer run only every `every` calls, on the mean.
       batch_size: This call's number of examples (needed with `accumulate`).
-      state_updates: Callables building updates of state beside the weights (BatchNorm's
-        moving averages, which `train_step` defers to here), built under the same verdict:
-        skipped with the step, or after its checks.
+      state_updates: `DeferredUpdate`s of state beside the weights (BatchNorm's moving
+        averages, which `train_step` defers to here), built under the same verdict.
+      jit_compile: Compile each device's update (a towers optimizer's, the verdict's
+        choice inside) as one XLA program on that device, and each copy's check.
 
     Returns:
-      The updates (and the loss scale's and the accumulator's).
+      The updates (and the loss scale's, the accumulator's and, for "raise", the check that
+      fails the run: run them all).
 
     Raises:
       ValueError: if the hook returns the wrong number of gradients, or one of a wrong shape
@@ -73,51 +80,96 @@ def apply_reduced(
         unknown.
       TypeError: if the hook is not callable or returns something else than gradients.
     """
+    updates, verdict = reduced_updates(
+        reduced,
+        optimizer,
+        gradient_hook,
+        loss_scale=loss_scale,
+        nonfinite=nonfinite,
+        accumulate=accumulate,
+        batch_size=batch_size,
+        state_updates=state_updates,
+        jit_compile=jit_compile,
+    )
+    return updates + raised(verdict, updates)
+
+
+def reduced_updates(
+    reduced: Sequence[ReducedGradients],
+    optimizer: AppliesGradients,
+    gradient_hook: GradientHook | None = None,
+    *,
+    loss_scale: LossScale | float | None = None,
+    nonfinite: str | None = "default",
+    accumulate: GradientAccumulator | None = None,
+    batch_size: Any = None,
+    state_updates: Sequence[Callable[[], Any]] = (),
+    jit_compile: bool = False,
+) -> tuple[list, Verdict]:
+    """`apply_reduced`'s updates, and the verdict whose "raise" check is still to build.
+
+    For a caller with writes of its own after the updates (sharded state's all-gather):
+    `raised(verdict, after=...)` once they are built, so that a failing step fails after
+    them, never between them.
+    """
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
-    if nonfinite not in NONFINITE:
-        raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
+    nonfinite = resolve(nonfinite, loss_scale)
+    jit_compile = check_jit_compile(jit_compile)
     _state_per_copy(optimizer, reduced)
     given = []
     for copy in reduced:
         with device_scope(copy.device):
             given.append(_unscaled(copy.grads, loss_scale))
+    apply = functools.partial(
+        _apply_now, reduced, optimizer=optimizer, gradient_hook=gradient_hook, jit=jit_compile
+    )
     if accumulate is None:
-        return _apply_now(
-            reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates, True
-        )
+        return apply(given, loss_scale=loss_scale, nonfinite=nonfinite, state=state_updates)
     # Each call is judged as it is added: a bad micro-batch must not poison the sums.
-    elsewhere = [c.finite for c in reduced if c.finite is not None]
-    finite, checks = verdict(given, [c.variables for c in reduced], nonfinite, None, elsewhere)
-    with tf.control_dependencies(update_ops(checks)):
-        if nonfinite == "skip":
-            batch_size = tf.where(finite, tf.cast(batch_size, tf.float32), 0.0)
-        keep = finite if nonfinite == "skip" else None
-        added = []
-        for copy, grads in zip(reduced, given):
-            with device_scope(copy.device):
-                added.append(accumulate.add(grads, copy.variables, batch_size, keep=keep))
-    updates = guarded(state_updates, finite, nonfinite, checks)
+    verdict = _judged(reduced, given, nonfinite, None, True, jit_compile, optimizer)
+    if nonfinite is not None:
+        batch_size = tf.where(verdict.finite, tf.cast(batch_size, tf.float32), 0.0)
+    added = []
+    for copy, grads in zip(reduced, given):
+        with device_scope(copy.device):
+            added.append(accumulate.add(grads, copy.variables, batch_size, keep=verdict.finite))
+    updates = kept_state(state_updates, verdict)
     if isinstance(loss_scale, LossScale):
         with tf.control_dependencies(update_ops(added)):
-            updates.append(loss_scale.update(finite))
+            updates.append(loss_scale.update(verdict.chosen))
 
-    def now() -> list:  # the mean is checked again: every call of it may have been skipped
-        return _apply_now(reduced, added, optimizer, gradient_hook, None, nonfinite, (), False)
+    def now() -> tf.Tensor:  # the mean is checked again: every call of it may have been skipped
+        mean, judged = apply(added, nonfinite=nonfinite, others=False)
+        with tf.control_dependencies(update_ops(mean + raised(judged, mean))):
+            return tf.constant(True)
 
-    ready = accumulate.ready()
+    ready = accumulate.ready()  # on the host: the calls' count, not a device's value
     with tf.control_dependencies(update_ops(updates)):
-        applied = tf.cond(ready, lambda: true_after(now()), lambda: tf.constant(False))
-    return [applied, accumulate.finish(ready, batch_size, after=update_ops(applied)), *updates]
+        done = tf.cond(ready, now, lambda: tf.constant(False))
+    finished = accumulate.finish(ready, batch_size, after=update_ops(done))
+    return [done, finished, *updates], verdict
 
 
 def _apply_now(
-    reduced, given, optimizer, gradient_hook, loss_scale, nonfinite, state_updates, others
+    reduced,
+    given,
+    *,
+    optimizer,
+    gradient_hook,
+    jit,
+    nonfinite,
+    loss_scale=None,
+    state=(),
+    others=True,
 ) -> list:
-    """The hook on each copy's gradients, their checks, then the optimizer (or a skip).
+    """The hook on each copy's gradients, the verdict, then the optimizer under it.
 
-    With `others`, the verdict covers the other processes' shares (`ReducedGradients.finite`);
-    an accumulated mean was judged call by call already.
+    Returns the updates and the verdict (its "raise" check is the caller's to build).
+
+    Called on a step's gradients (the verdict covers the other processes' shares,
+    `ReducedGradients.finite`, and the loss scale hears of it), or on an accumulated mean
+    (its calls were judged as they were added; other processes' shares with them).
     """
     hook = None if gradient_hook is None else as_caller_would(gradient_hook)
     apply_gradients = optimizer.apply_gradients
@@ -129,15 +181,13 @@ def _apply_now(
             if hook is not None:
                 grads = [unique_rows(g) for g in grads]  # so that norms of them are right
                 hooked_grads = hook(grads, copy.variables)
-                checks += _checked(hooked_grads, grads, copy.variables)
+                checks += checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
         hooked.append(grads)
     rate = None
     if nonfinite is not None and isinstance(optimizer, Optimizer):
         rate = finite_rate(optimizer)
-    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
-    finite, guards = verdict(hooked, [c.variables for c in reduced], nonfinite, rate, elsewhere)
-    checks += guards
+    verdict = _judged(reduced, hooked, nonfinite, rate, others, jit, optimizer)
     updates = []
     for copy, grads in zip(reduced, hooked):
         with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
@@ -146,15 +196,28 @@ def _apply_now(
                 for j, (g, v) in enumerate(zip(grads, copy.variables))
                 if g is not None and _keeps(copy, j)
             ]
-            if nonfinite == "skip":
-                updates.append(applied_if(finite, lambda pairs=pairs: apply_gradients(pairs)))
-            else:
-                updates.append(apply_gradients(pairs))
-    updates += guarded(state_updates, finite, nonfinite, checks)
+            updates.append(applied(optimizer, apply_gradients, pairs, verdict, jit))
+    updates += kept_state(state, verdict)
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
         with tf.control_dependencies(update_ops(updates)):
-            updates.append(loss_scale.update(finite))
-    return updates
+            updates.append(loss_scale.update(verdict.chosen))
+    return updates, verdict
+
+
+def _judged(reduced, grads, nonfinite, rate, others: bool, jit: bool, optimizer) -> Verdict:
+    """The verdict on each copy's `grads` (and, with `others`, other processes' shares).
+
+    The error names variables as weight files do, where a towers optimizer knows them.
+    """
+    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
+    variables = [c.variables for c in reduced]
+    devices = [c.device for c in reduced]
+    names_of = None
+    if isinstance(optimizer, Optimizer):
+        names_of = functools.partial(optimizer.state_name, create=False)
+    return judge(
+        grads, variables, devices, nonfinite, rate, elsewhere, compiled=jit, names_of=names_of
+    )
 
 
 @library_code
@@ -190,15 +253,6 @@ def _keeps(copy: ReducedGradients, j: int) -> bool:
     return copy.state is None or copy.state[j]
 
 
-def unique_rows(grad: Any) -> Any:
-    """`tf.IndexedSlices` with each row once (repeated rows summed); anything else as it is.
-
-    What the gradient hook sees: `tf.linalg.global_norm` and `tf.clip_by_global_norm` of
-    slices with repeated rows would measure the rows, not the gradient.
-    """
-    return deduplicated(grad) if isinstance(grad, tf.IndexedSlices) else grad
-
-
 def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
     if loss_scale is None:
         return list(grads)
@@ -213,63 +267,3 @@ def _unscaled(grads: Sequence, loss_scale: LossScale | float | None) -> list:
             g = g * tf.cast(inverse, g.dtype)
         out.append(g)
     return out
-
-
-@library_code
-def _checked(grads: Sequence, given: Sequence, variables: list[tf.Variable]) -> list:
-    """Checks the hook's gradients against the variables; returns the run-time checks.
-
-    Shapes and dtypes are checked now, while the graph is built. Rows of `tf.IndexedSlices`
-    the hook made (not those it was given) are checked when the step runs: every update
-    waits for these checks, so a bad row changes no variable.
-    """
-    if not isinstance(grads, (list, tuple)) or len(grads) != len(variables):
-        raise ValueError(
-            f"`gradient_hook` must return a list of {len(variables)} gradients, one per "
-            f"variable; got {grads!r}."
-        )
-    checks = []
-    for grad, original, var in zip(grads, given, variables):
-        if grad is None:
-            continue
-        if not isinstance(grad, (tf.Tensor, tf.IndexedSlices)):
-            raise TypeError(
-                f"`gradient_hook` returned a {type(grad).__name__} for variable {var.name}; "
-                "return tf.Tensor, tf.IndexedSlices or None."
-            )
-        _check_shape(grad, var)
-        if isinstance(grad, tf.IndexedSlices) and grad is not original:
-            checks += _checked_rows(grad, var)
-    return checks
-
-
-def _check_shape(grad: tf.Tensor | tf.IndexedSlices, var: tf.Variable) -> None:
-    sparse = isinstance(grad, tf.IndexedSlices)
-    values = grad.values if sparse else grad
-    shape, got = (var.shape[1:], values.shape[1:]) if sparse else (var.shape, values.shape)
-    if values.dtype != var.dtype or not got.is_compatible_with(shape):
-        raise ValueError(
-            f"`gradient_hook` returned a {values.dtype.name}{values.shape} gradient for "
-            f"variable {var.name} of {var.dtype.name}{var.shape}; return one of the "
-            "variable's shape and dtype (cast with tf.cast), or None to skip it."
-        )
-    if sparse:
-        indices = grad.indices
-        rows_agree = indices.shape[:1].is_compatible_with(values.shape[:1])
-        if indices.dtype not in (tf.int32, tf.int64) or indices.shape.rank != 1 or not rows_agree:
-            raise ValueError(
-                f"`gradient_hook` returned tf.IndexedSlices for variable {var.name} whose "
-                f"indices are {indices.dtype.name}{indices.shape} for values of shape "
-                f"{values.shape}; indices must be one int32 or int64 row index per value row."
-            )
-
-
-def _checked_rows(grad: tf.IndexedSlices, var: tf.Variable) -> list:
-    rows = tf.cast(tf.shape(var)[0], grad.indices.dtype)
-    message = f"`gradient_hook` returned row indices outside [0, rows) for variable {var.name}"
-    with host_scope():  # Assert has no GPU kernel
-        checks = [
-            tf.debugging.assert_non_negative(grad.indices, message=message),
-            tf.debugging.assert_less(grad.indices, rows, message=message),
-        ]
-    return [c for c in checks if c is not None]  # eagerly they ran (and passed) already

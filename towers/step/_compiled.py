@@ -92,7 +92,10 @@ class CompiledTower:
             if update.prepare is not None:  # outside the program: it may exchange
                 prepared = pending.prepare(*pending.inputs)
                 pending = dataclasses.replace(pending, inputs=tuple(prepared), prepare=None)
-            if not defer_state_update(pending.update, pending.device, pending.inputs):
+            deferred = defer_state_update(
+                pending.update, pending.device, pending.inputs, writes=pending.writes
+            )
+            if not deferred:
                 updates.append(pending())
         produced = tf.nest.flatten(result, expand_composites=True)
         with tf.control_dependencies([t for t in produced if isinstance(t, tf.Tensor)]):
@@ -165,7 +168,7 @@ class CompiledTower:
         built = []
         for var in written:
             value = self._mirror(var).read_value()
-            if not defer_state_update(_assigned_to(var), var.device, [value]):
+            if not defer_state_update(_assigned_to(var), var.device, [value], writes=[var]):
                 with tf.device(var.device):
                     built.append(var.assign(value, read_value=False))
         return built

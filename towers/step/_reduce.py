@@ -4,7 +4,8 @@ from typing import Any
 
 from towers.ops import collective_order
 from towers.optimizers import AppliesGradients
-from towers.step._apply_reduced import GradientHook, apply_reduced
+from towers.step._apply_reduced import GradientHook, reduced_updates
+from towers.step._nonfinite import raised
 from towers.variables import ReducedGradients, VariableStrategy
 
 
@@ -29,12 +30,15 @@ def apply_replicated(
         reduced gradients; it must treat them alike to keep the replicas identical.
 
     Returns:
-      The K optimizer updates (and the copies' synchronization, with sharded state).
+      The K optimizer updates (and the copies' synchronization, with sharded state), under
+      the default non-finite guard ("raise": running them fails on a NaN or Inf step, which
+      changes nothing).
     """
     reduced = reduce_for(replicas, replicas, tower_grads, sizes, gradient_hook)
-    updates = apply_reduced(reduced, optimizer, gradient_hook)
+    updates, verdict = reduced_updates(reduced, optimizer, gradient_hook)
     with collective_order():
-        return updates + replicas.after_update(replicas, updates)
+        updates += replicas.after_update(replicas, updates)
+    return updates + raised(verdict, updates)
 
 
 def reduce_for(

@@ -12,11 +12,11 @@ from towers.data import StagedInput
 from towers.ops.internal import library_code, update_ops
 from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
-from towers.step._apply_reduced import GradientHook, apply_reduced
+from towers.step._apply_reduced import GradientHook, reduced_updates
 from towers.step._compiled import check_jit_compile
-from towers.step._loss_scale import DynamicLossScale, LossScale, as_loss_scale
+from towers.step._loss_scale import LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
-from towers.step._nonfinite import NONFINITE
+from towers.step._nonfinite import raised, resolve
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
 from towers.step._tower_gradients import Variables, tower_gradients
@@ -95,18 +95,21 @@ def train_step(
         one part), their gradients averaged by size before the reduction: the same step.
       accumulate: A `towers.GradientAccumulator`: update every `accumulate.every` calls,
         with the exact mean gradient of their batches (the hook sees that mean).
-      jit_compile: Compile each tower's forward and backward pass with XLA, one program per
-        tower on its device, for both variable strategies (see README's *XLA*); the
-        reduction and the update stay as they are.
+      jit_compile: Compile with XLA: each tower's forward and backward pass, one program
+        per tower on its device, and each device's update (a towers optimizer over that
+        copy's variables, the non-finite choice inside), one program per device; the
+        reduction stays outside (see README's *XLA*). A user's own optimizer (anything else
+        with `apply_gradients`) runs uncompiled.
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
         differentiates its loss times the scale; the reduced gradients are divided by it
         before the hook; a step whose gradients are not all finite is skipped by every
         copy. The returned loss is not scaled.
-      nonfinite: What a NaN or Inf gradient does: "raise" (the step fails, no variable
-        changes; the default without a loss scale), "skip" (nothing is updated, optimizer
-        state included; the default with one, counted by a `LossScale` object) or None (no
-        check).
+      nonfinite: What a NaN or Inf gradient (or learning rate) does: "raise" (the default
+        without a loss scale: the step changes nothing and the call fails with an error
+        naming the variables), "skip" (the default with one: the step changes nothing,
+        optimizer state and moving averages included; counted by a `LossScale` object) or
+        None (no check). Decided on the devices: no update waits for the host.
 
     Returns:
       `(loss, outputs)`: the mean loss over the whole batch (evaluating it in a v1 Session
@@ -119,8 +122,9 @@ def train_step(
     """
     strategy = resolve_strategy(variables, variable_strategy)
     devices = device_list(devices)
+    jit_compile = check_jit_compile(jit_compile)
     loss_scale = as_loss_scale(loss_scale)
-    nonfinite = _nonfinite(nonfinite, loss_scale)
+    nonfinite = resolve(nonfinite, loss_scale)
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     shards, sizes = _shards(inputs, devices, split_device)
@@ -132,7 +136,7 @@ def train_step(
         loss_scale=loss_scale,
         micro_batches=check_micro_batches(micro_batches),
         merge=merge,
-        jit_compile=check_jit_compile(jit_compile),
+        jit_compile=jit_compile,
     )
     with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
         with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
@@ -148,7 +152,7 @@ def train_step(
     if accumulate is not None:
         _check_accumulation(strategy, gradient_hook)
         accumulate.build(strategy.state_copies(variables))
-    updates = apply_reduced(
+    updates, verdict = reduced_updates(
         reduced,
         optimizer,
         gradient_hook,
@@ -157,6 +161,7 @@ def train_step(
         accumulate=accumulate,
         batch_size=_total(sizes),
         state_updates=state_updates,
+        jit_compile=jit_compile,
     )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
@@ -165,6 +170,7 @@ def train_step(
         outputs = None
     with ops.collective_order():  # (sharded state: the all-gather, chained on its own)
         updates += strategy.after_update(variables, updates)
+    updates += raised(verdict, updates)  # "raise": after every write of the step
     with tf.control_dependencies(update_ops(updates)):
         loss = tf.identity(loss)
     return loss, outputs
@@ -196,19 +202,6 @@ def _check_accumulation(strategy: VariableStrategy, gradient_hook: Any) -> None:
 
 def _total(sizes: list) -> Any:
     return sum(sizes) if all(isinstance(n, int) for n in sizes) else tf.add_n(sizes)
-
-
-def _nonfinite(nonfinite: str | None, loss_scale: Any) -> str | None:
-    if nonfinite == "default":
-        return "raise" if loss_scale is None else "skip"
-    if nonfinite not in NONFINITE:
-        raise ValueError(f"`nonfinite` must be one of {NONFINITE}; got {nonfinite!r}.")
-    if isinstance(loss_scale, DynamicLossScale) and nonfinite != "skip":
-        raise ValueError(
-            "A DynamicLossScale overflows now and then by design: its steps must be skipped, "
-            f"not {nonfinite!r}. Leave `nonfinite` at its default."
-        )
-    return nonfinite
 
 
 @library_code

@@ -33,12 +33,16 @@ class DeferredUpdate:
       inputs: The tensors the tower computed for it.
       prepare: None, or what turns `inputs` into the update's inputs in the tower, outside
         any compiled program (an exchange with the other towers); not yet run.
+      writes: The variables the update writes (the non-finite guard writes them back where
+        a step is not finite, on the device); None when unknown (the guard then runs the
+        update under `tf.cond`, a host round trip).
     """
 
     update: Callable[..., Any]
     device: str | None
     inputs: tuple[tf.Tensor, ...]
     prepare: Callable[..., Any] | None = None
+    writes: tuple[tf.Variable, ...] | None = None
 
     def __call__(self) -> Any:
         """Builds the update (its `prepare` first, if it has not run)."""
@@ -79,6 +83,8 @@ def defer_state_update(
     device: str | None,
     inputs: Sequence[tf.Tensor] = (),
     prepare: Callable[..., Any] | None = None,
+    *,
+    writes: Sequence[tf.Variable] | None = None,
 ) -> bool:
     """Hands `update(*prepare(*inputs))` (built later under `device`) to the step.
 
@@ -87,6 +93,7 @@ def defer_state_update(
       device: Where to build it, or None.
       inputs: The tensors it is built from.
       prepare: None, or turns `inputs` into the update's inputs (see `DeferredUpdate`).
+      writes: The variables it writes (see `DeferredUpdate`).
 
     Returns:
       Whether the update was deferred; False: the caller builds it now (`prepare` first).
@@ -96,5 +103,6 @@ def defer_state_update(
     collection = _local.stack[-1]
     if prepare is not None and collection.prepared:
         inputs, prepare = prepare(*inputs), None
-    collection.updates.append(DeferredUpdate(update, device, tuple(inputs), prepare))
+    writes = None if writes is None else tuple(writes)
+    collection.updates.append(DeferredUpdate(update, device, tuple(inputs), prepare, writes))
     return True

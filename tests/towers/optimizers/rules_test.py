@@ -185,6 +185,64 @@ class RuleTest(tf.test.TestCase, parameterized.TestCase):
         test_util.assert_allclose(sparse_var, dense_var, rtol=1e-6, atol=1e-7)
 
 
+class CompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
+    """`apply_gradients(..., jit_compile=True)`: one XLA program, the numpy rule's result."""
+
+    @parameterized.product(case=list(CASES), finite=[None, True])
+    def test_twenty_compiled_steps_equal_the_numpy_rule(self, case, finite):
+        make, rule, kwargs = CASES[case]
+        rng = np.random.default_rng(0)
+        start = rng.normal(size=(3, 4)).astype(np.float32)
+        var = tf.Variable(start, name="kernel")
+        optimizer = make()
+
+        @tf.function
+        def apply(grad):
+            verdict = None if finite is None else tf.constant(finite)
+            optimizer.apply_gradients([(grad, var)], finite=verdict, jit_compile=True)
+
+        expected, state = start.astype(np.float64), {}
+        for t in range(1, 21):
+            grad = rng.normal(size=(3, 4)).astype(np.float32)
+            apply(tf.constant(grad))
+            expected = rule(expected, grad.astype(np.float64), state, t, **kwargs)
+        test_util.assert_allclose(var, expected, rtol=1e-5, atol=1e-6)
+        graph = apply.get_concrete_function(tf.constant(grad)).graph
+        programs = [op for op in graph.get_operations() if "_XlaMustCompile" in op.node_def.attr]
+        self.assertLen(programs, 1)
+
+    @parameterized.parameters(*CASES)
+    def test_compiled_sparse_rows_equal_the_uncompiled(self, case):
+        """Sparse gradients (duplicate rows) and a schedule: as the uncompiled update."""
+        make = CASES[case][0]
+        plain_var, compiled_var = (tf.Variable(np.ones([5, 2], np.float32)) for _ in range(2))
+        plain, compiled = make(), make()
+        schedule = towers.schedules.CosineDecay(0.1, decay_steps=5)
+        plain.learning_rate = compiled.learning_rate = schedule
+
+        @tf.function
+        def apply(rows):
+            plain.apply_gradients([(rows, plain_var)])
+            compiled.apply_gradients([(rows, compiled_var)], jit_compile=True)
+
+        for i in range(3):
+            apply(
+                tf.IndexedSlices(
+                    tf.constant([[1.0, 2.0], [0.5, -1.0], [3.0, float(i)]]),
+                    tf.constant([1, 3, 1]),
+                    tf.constant([5, 2]),
+                )
+            )
+        test_util.assert_allclose(compiled_var, plain_var, rtol=1e-6, atol=1e-7)
+        for got, want in zip(compiled.variables, plain.variables):
+            test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+    def test_jit_compile_must_be_a_bool(self):
+        var = tf.Variable([1.0])
+        with self.assertRaisesRegex(TypeError, "`jit_compile` must be True or False; got 1"):
+            towers.SGD(0.1).apply_gradients([(tf.constant([1.0]), var)], jit_compile=1)
+
+
 class TowersTest(tf.test.TestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -195,6 +253,13 @@ class TowersTest(tf.test.TestCase, parameterized.TestCase):
         case=["momentum", "adam", "lamb"], k=[1, 3, 4, 8], strategy=["ps", "replicated"]
     )
     def test_k_towers_equal_the_hand_written_step(self, case, k, strategy):
+        self._check_k_towers(case, k, strategy)
+
+    @parameterized.product(case=["momentum", "adam", "lamb"], strategy=["ps", "replicated"])
+    def test_compiled_towers_and_updates_equal_the_hand_written_step(self, case, strategy):
+        self._check_k_towers(case, 3, strategy, jit_compile=True)
+
+    def _check_k_towers(self, case, k, strategy, jit_compile=False):
         devices = test_util.devices(k)
         optimizer = CASES[case][0]()
         if strategy == "replicated":
@@ -213,7 +278,12 @@ class TowersTest(tf.test.TestCase, parameterized.TestCase):
         @tf.function
         def step(batch):
             return towers.train_step(
-                lambda b: test_util.loss_fn(local())(b), model, optimizer, batch, devices
+                lambda b: test_util.loss_fn(local())(b),
+                model,
+                optimizer,
+                batch,
+                devices,
+                jit_compile=jit_compile,
             )
 
         for i in range(STEPS):

@@ -16,12 +16,15 @@ from towers import ops
 STEPS = 2
 
 
-def _calls(graph: tf.Graph) -> list[tf.Operation]:
-    """The compiled towers' call ops of a step's graph."""
+def _calls(graph: tf.Graph, program: str = "_body") -> list[tf.Operation]:
+    """The call ops of a step's graph that run one kind of XLA program ("_body": a tower's,
+    "update": a device's update, "flags": a copy's non-finite check)."""
     return [
         op
         for op in graph.get_operations()
-        if op.type == "StatefulPartitionedCall" and "_XlaMustCompile" in op.node_def.attr
+        if op.type in ("StatefulPartitionedCall", "PartitionedCall")
+        and "_XlaMustCompile" in op.node_def.attr
+        and f"__inference_{program}_" in op.node_def.attr["f"].func.name
     ]
 
 
@@ -66,8 +69,13 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         if strategy == "replicated":
             towers.check_replicas_identical(model)
-        calls = _calls(step.get_concrete_function(test_util.batch(11)).graph)
-        self.assertEqual([test_util.local_device(c.device) for c in calls], devices)
+        graph = step.get_concrete_function(test_util.batch(11)).graph
+        self.assertEqual([test_util.local_device(c.device) for c in _calls(graph)], devices)
+        # The update: one program on each copy's device (a parameter server's: its own).
+        copies = devices if strategy == "replicated" else [model.variables[0].device]
+        for kind in ("update", "flags"):
+            on = [test_util.local_device(c.device) for c in _calls(graph, kind)]
+            self.assertEqual(on, [test_util.local_device(d) for d in copies], kind)
 
     def test_micro_batches_loss_scale_hook_and_keras_layers(self):
         devices = test_util.devices(2)

@@ -143,7 +143,7 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
     def test_raise_is_the_default_and_changes_nothing(self):
         model = _build()
         before = [v.numpy() for v in model.variables]
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "NaN or Inf; no variable"):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "The step changed nothing"):
             towers.train_step(
                 test_util.loss_fn(model),
                 model,
@@ -157,7 +157,7 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
     def test_raise_in_a_function_waits_for_every_gradient(self):
         """Only the last gradient is NaN, yet no variable moves: every update waits."""
         model = _build()
-        names = [v.name for v in model.trainable_variables]
+        names = [v.name.split(":")[0] for v in model.trainable_variables]
         before = [v.numpy() for v in model.variables]
 
         def hook(grads, variables):
@@ -177,7 +177,7 @@ class SkipTest(tf.test.TestCase, parameterized.TestCase):
             )
 
         with self.assertRaisesRegex(
-            tf.errors.InvalidArgumentError, f"(?s)NaN or Inf; no variable .*{names[-1]}"
+            tf.errors.InvalidArgumentError, rf"(?s)gradients.*, for\] \[{names[-1]}\]"
         ):
             step(_batch(0))
         for got, want in zip(model.variables, before):

@@ -6,35 +6,38 @@ accumulating call raised nothing and poisoned the sums for every later call; a l
 that became NaN at run time (a variable, a schedule) made the weights NaN silently.
 """
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from tests.towers.optimizers import rules_test
 from tests.towers.step.accumulator_test import _build, _concat
 
 
 class _Normed(tf.Module):
     """A dense layer, then a synchronized BatchNorm."""
 
-    def __init__(self):
+    def __init__(self, sync=True):
         super().__init__(name="normed")
         self.kernel = tf.Variable(tf.random.stateless_normal([3, 4], seed=[1, 2]), name="kernel")
-        self.norm = towers.BatchNorm(sync=True)
+        self.norm = towers.BatchNorm(sync=sync)
 
     def __call__(self, x):
         return self.norm(tf.matmul(x, self.kernel), training=True)
 
 
-def _built_normed():
-    model = _Normed()
+def _built_normed(sync=True):
+    model = _Normed(sync)
     model.norm.__call__(tf.zeros([1, 4]), training=False)  # creates its variables
     return model
 
 
-def _normed_step(model, devices, nonfinite, local=None):
-    optimizer = towers.SGD(0.1)
+def _normed_step(model, devices, nonfinite, local=None, optimizer=None, jit_compile=False):
+    optimizer = optimizer or towers.SGD(0.1)
     local = local or (lambda: model)
 
     def loss_fn(x):
@@ -42,9 +45,53 @@ def _normed_step(model, devices, nonfinite, local=None):
 
     @tf.function
     def step(x):
-        return towers.train_step(loss_fn, model, optimizer, x, devices, nonfinite=nonfinite)
+        return towers.train_step(
+            loss_fn, model, optimizer, x, devices, nonfinite=nonfinite, jit_compile=jit_compile
+        )
 
     return step
+
+
+NAMES = (
+    r"\[kernel norm/beta norm/gamma\]"  # _Normed's non-finite gradients, as checkpoints name them
+)
+
+
+def _normed_model(strategy, devices, sync=True):
+    """(model, local, the modules trained) for "ps", "replicated" or "sharded"."""
+    if strategy == "ps":
+        model = _Normed(sync)
+        return model, None, [model]
+    build = functools.partial(_built_normed, sync)
+    model = towers.Replicated(build, devices, shard_optimizer_state=strategy == "sharded")
+    return model, model.local, model.replicas
+
+
+# The ops that write a variable, and those through which a device's value reaches the host in
+# front of what depends on them (a tf.cond's predicate, an Assert).
+_WRITES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
+_HOST_ROUND_TRIPS = ("Assert", "If", "StatelessIf", "Switch")
+
+
+def _writes(graph: tf.Graph) -> list[tf.Operation]:
+    found = []
+    for op in graph.get_operations():
+        program = op.node_def.attr["f"].func.name if "f" in op.node_def.attr else ""
+        if op.type.startswith(_WRITES) or "__inference_update_" in program:
+            found.append(op)
+    return found
+
+
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
+    """Every op `op` waits for, through its inputs and control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for before in [t.op for t in current.inputs] + list(current.control_inputs):
+            if before not in seen:
+                seen.add(before)
+                todo.append(before)
+    return seen
 
 
 def _poisonable(strategy, every, **options):
@@ -87,34 +134,126 @@ def _state(module):
 
 
 class GuardTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.product(nonfinite=["skip", "raise"], strategy=["ps", "replicated"])
-    def test_moving_averages_follow_the_verdict(self, nonfinite, strategy):
+    @parameterized.product(
+        nonfinite=["skip", "raise"],
+        strategy=["ps", "replicated", "sharded"],
+        jit_compile=[False, True],
+    )
+    def test_a_nan_step_changes_no_state_on_any_path(self, nonfinite, strategy, jit_compile):
+        """Weights, Adam's slots and step counts, BatchNorm's moving averages: all as before."""
         devices = test_util.devices(2)
-        if strategy == "replicated":
-            model = towers.Replicated(_built_normed, devices)
-            step = _normed_step(model, devices, nonfinite, model.local)
-            trained = model.replicas
-        else:
-            model = _Normed()
-            step = _normed_step(model, devices, nonfinite)
-            trained = [model]
+        model, local, trained = _normed_model(strategy, devices, sync=not jit_compile)
+        optimizer = towers.Adam(0.1)
+        step = _normed_step(model, devices, nonfinite, local, optimizer, jit_compile)
         good = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
         step(tf.constant(good))
-        before = [_state(m) for m in trained]
+        before = [_state(m) for m in [*trained, optimizer]]
         bad = good.copy()
         bad[5, 1] = np.nan
         if nonfinite == "raise":
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "nor optimizer state"):
+            with self.assertRaisesRegex(
+                tf.errors.InvalidArgumentError,
+                r"(?s), for\] \[kernel norm/beta norm/gamma\].*changed nothing",
+            ):
                 step(tf.constant(bad))
         else:
             step(tf.constant(bad))
-        for module, state in zip(trained, before):
+        for module, state in zip([*trained, optimizer], before):
             for got, want in zip(_state(module), state):
                 self.assertAllEqual(got, want)  # moving mean and variance included
         step(tf.constant(good))  # and the next good step trains on
         for module, state in zip(trained, before):
             changed = [not np.array_equal(g, w) for g, w in zip(_state(module), state)]
             self.assertTrue(all(changed))
+        self.assertEqual(int(optimizer.iterations[0]), 2)
+
+    @parameterized.product(
+        nonfinite=["skip", "raise"],
+        strategy=["ps", "replicated", "sharded"],
+        jit_compile=[False, True],
+    )
+    def test_no_update_waits_for_the_host(self, nonfinite, strategy, jit_compile):
+        """No write of the step has an Assert or a tf.cond in front of it."""
+        devices = test_util.devices(2)
+        model, local, _ = _normed_model(strategy, devices, sync=not jit_compile)
+        step = _normed_step(model, devices, nonfinite, local, towers.Adam(0.1), jit_compile)
+        graph = step.get_concrete_function(tf.zeros([8, 3])).graph
+        writes = _writes(graph)
+        self.assertNotEmpty(writes)
+        for op in writes:
+            waits_for = {before.type for before in _ancestors(op)}
+            self.assertEmpty(waits_for & set(_HOST_ROUND_TRIPS), op.name)
+        asserts = [op for op in graph.get_operations() if op.type == "Assert"]
+        self.assertLen(asserts, 1 if nonfinite == "raise" else 0)
+
+    # (A parameter server's compiled towers with BatchNorm's exchange after the program time
+    # out in a v1 session, before this guard as with it: not yet covered here.)
+    @parameterized.parameters(("ps", False), ("replicated", False), ("replicated", True))
+    def test_a_nan_step_in_a_v1_session_raises_and_changes_nothing(self, strategy, jit_compile):
+        devices = test_util.devices(2)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            model, local, trained = _normed_model(strategy, devices, sync=not jit_compile)
+            optimizer = towers.Adam(0.1)
+            x = tf.compat.v1.placeholder(tf.float32, [8, 3])
+
+            def loss_fn(shard):
+                return tf.reduce_mean(tf.square((local or (lambda: model))()(shard)))
+
+            loss, _ = towers.train_step(
+                loss_fn, model, optimizer, x, devices, jit_compile=jit_compile
+            )
+            session.run(tf.compat.v1.global_variables_initializer())
+            good = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+            session.run(loss, {x: good})
+            state = [v for m in [*trained, optimizer] for v in m.variables]
+            before = session.run(state)
+            bad = good.copy()
+            bad[0, 0] = np.inf
+            with self.assertRaisesRegex(
+                tf.errors.InvalidArgumentError, r"\[kernel norm/beta norm/gamma\]"
+            ):
+                session.run(loss, {x: bad})
+            for got, want in zip(session.run(state), before):
+                self.assertAllEqual(got, want)
+            session.run(loss, {x: good})
+            self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
+
+    @parameterized.product(case=list(rules_test.CASES), jit_compile=[False, True])
+    def test_every_rule_keeps_its_state_on_a_nan_step(self, case, jit_compile):
+        """Two replicas; only w2's gradient is NaN (a hook): nothing moves, w2 is named."""
+        devices = test_util.devices(2)
+        model = towers.Replicated(test_util.built_model, devices)
+        optimizer = rules_test.CASES[case][0]()
+        poison = tf.Variable(1.0)
+
+        def hook(grads, variables):
+            return [g * poison if "w2" in v.name else g for g, v in zip(grads, variables)]
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(model.local())(b),
+                model,
+                optimizer,
+                batch,
+                devices,
+                gradient_hook=hook,
+                jit_compile=jit_compile,
+            )
+
+        step(test_util.batch(5))
+        before = [_state(m) for m in [*model.replicas, optimizer]]
+        poison.assign(np.nan)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[w2\]"):
+            step(test_util.batch(5, seed=1))
+        for module, state in zip([*model.replicas, optimizer], before):
+            for got, want in zip(_state(module), state):
+                self.assertAllEqual(got, want)
+        poison.assign(1.0)
+        step(test_util.batch(5, seed=2))
+        self.assertFalse(np.array_equal(model.replicas[0].w2.numpy(), before[0][3]))
+        towers.check_replicas_identical(model)
+        towers.check_replicas_identical(optimizer)
 
     def test_moving_averages_update_when_finite_as_before(self):
         """Deferred to the verdict, the update is the one BatchNorm would have made."""
@@ -190,7 +329,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         before = _state(model) + [v.numpy() for v in optimizer.variables if v is not lr]
         lr.assign(np.inf)
         if nonfinite == "raise":
-            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "learning rate is NaN"):
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"\[the learning rate\]"):
                 step(test_util.batch(4, seed=1))
         else:
             step(test_util.batch(4, seed=1))
