@@ -3,6 +3,7 @@
 # rows as JSON lines under $OUT (tables: `python -m towers.bench`'s _model_suite on them), and
 # each configuration's build and first call on stderr as they end. XLA compiles a ResNet-50
 # in 45-60 s per configuration there: pick rows with --configs and give each run its time.
+# The runs do not fit one call: ONLY="gpt_k1 gpt_k2" in one, ONLY=resnet_k1 in the next...
 # Rows print only when all of a run's configurations are timed (they are timed interleaved):
 # a run killed by its timeout prints none. ONLY="gpt_k2 ..." runs those alone.
 cd "$(dirname "$0")/../.."
@@ -15,11 +16,20 @@ run() {  # name, seconds, flags...
     > "$OUT/$name.jsonl" 2> "$OUT/$name.err"
   echo "$name rc=$? at $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 }
-xla='^(one device|mirrored|hand-written towers|towers replicated|towers ps) xla$'
-few='^(one device|mirrored|towers replicated) xla$'
-pair='^(mirrored|towers replicated) xla$'
-# Seen at 97b3a65: gpt_k1 135 s, resnet_k1 112 s; gpt_k2 with all five rows passed 170 s
-# (its one-device and hand-written rows compile in 45-55 s each), hence the pair at K=2.
-run gpt_k1 170 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --configs="$xla"
-run gpt_k2 150 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --configs="$pair"
-run resnet_k1 190 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --configs="$few"
+# Issue #32's rows, with the default non-finite guard unless a label says otherwise: at K=1
+# the whole step compiled on one device, MirroredStrategy (each replica's loss and gradients
+# compiled; and its whole replica step), the hand-written loop with its update compiled, and
+# towers compiled (its update too; without the guard; with its update uncompiled). At K=2 the
+# same less the one-device rows. Uncompiled: one device, MirroredStrategy and towers.
+k1='^(one device xla|mirrored xla|mirrored xla, whole replica|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, no guard|towers replicated xla, update uncompiled)$'
+k2='^(mirrored xla|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, no guard|towers replicated xla, update uncompiled)$'
+ours='towers replicated xla|towers replicated xla, no guard|towers replicated xla, update uncompiled'
+plain='^(one device|mirrored|towers replicated)$'
+# Seen at e127387: a GPT configuration compiles in 15-55 s, a ResNet-50 one in 45-60 s.
+# ResNet-50 runs the targets' rows (no whole-replica Mirrored, no hand-written loop).
+run gpt_k1 250 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=xla --configs="$k1"
+run gpt_k2 250 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$k2"
+run resnet_k1 330 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --compiled=xla --configs="^(one device xla|mirrored xla|$ours)$"
+run resnet_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=resnet50 --compiled=xla --configs="^(mirrored xla|$ours)$"
+run gpt_plain_k1 120 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=plain --configs="$plain"
+run gpt_plain_k2 120 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=plain --configs="$plain"

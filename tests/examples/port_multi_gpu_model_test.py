@@ -17,17 +17,21 @@ def _weights(model):
 
 class PortMultiGpuModelTest(tf.test.TestCase):
     def test_four_towers_learn_like_one(self):
-        """Synchronized BatchNorm keeps the equivalence: 4 towers train the 1-tower model."""
+        """Synchronized BatchNorm keeps the equivalence: 4 towers train the 1-tower model.
+
+        Smooth (no relu or max pooling kinks): on the GPU tier the relu model's weights came
+        out 2.5e-3 apart in 1 run of 2, from inputs within round-off of a kink.
+        """
         devices = digits.choose_devices(4)
-        four = digits.train(devices, STEPS, batch_size=50, eval_every=STEPS)
-        one = digits.train(devices[:1], STEPS, batch_size=50, eval_every=STEPS)
+        four = digits.train(devices, STEPS, batch_size=50, eval_every=STEPS, smooth=True)
+        one = digits.train(devices[:1], STEPS, batch_size=50, eval_every=STEPS, smooth=True)
         self.assertGreater(four["accuracy"], 0.8)
         self.assertAllClose(four["accuracy"], one["accuracy"], atol=0.02)
         want = _weights(one["model"])
         self.assertIn("bn1/moving_mean", want)
         self.assertIn("conv1/kernel", want)
         for name, value in _weights(four["model"]).items():
-            test_util.assert_allclose(value, want[name], rtol=2e-3, atol=2e-4)
+            test_util.assert_allclose(value, want[name], rtol=1e-3, atol=1e-4)
 
     def test_resume_keeps_the_best_and_equals_an_uninterrupted_run(self):
         directory = os.path.join(self.get_temp_dir(), "run")

@@ -55,6 +55,7 @@ class StagedInput:
         check_devices_exist(self.devices)
         self.element_spec = dataset.element_spec
         self._specs = _checked_specs(self.element_spec)
+        _check_batch(self._specs[0], len(self.devices))
         self._split_device = split_device
         with tf.device("/device:CPU:0"):
             self.iterator = iter(dataset)
@@ -85,7 +86,12 @@ class StagedInput:
         """
         with tf.device("/device:CPU:0"):
             check = tf.debugging.Assert(
-                self._ready.read_value(), ["The staged input has ended: no batch is staged."]
+                self._ready.read_value(),
+                [
+                    "towers.prefetch_to_devices: the staged input has ended (its data, or a "
+                    "batch smaller than the device count, which ends it); no batch is staged. "
+                    "Iterate over the StagedInput to stop at its end."
+                ],
             )
         shards = []
         for buffers, device, size in zip(self._buffers, self.devices, self._static_sizes()):
@@ -106,12 +112,19 @@ class StagedInput:
         return ops.shard_sizes(batch, len(self.devices))
 
     def _stage_next(self) -> Any:
-        """Fetches the next batch on the host, splits it and copies each shard to its device."""
+        """Fetches the next batch on the host, splits it and copies each shard to its device.
+
+        A batch with fewer examples than devices (a last batch without `drop_remainder`)
+        ends the input: it is not staged, and nothing is after it. So the step that stages
+        it still trains its own batch, and no step fails on it.
+        """
         with tf.device("/device:CPU:0"):
             optional = self.iterator.get_next_as_optional()
 
             def stage() -> tf.Tensor:
-                return self._put(tf.nest.flatten(optional.get_value()))
+                leaves = tf.nest.flatten(optional.get_value())
+                full = tf.shape(leaves[0])[0] >= len(self.devices)
+                return tf.cond(full, lambda: self._put(leaves), lambda: self._mark(False))
 
             return tf.cond(optional.has_value(), stage, lambda: self._mark(False))
 
@@ -191,8 +204,9 @@ def prefetch_to_devices(
     already there. The first batch is staged now.
 
     Args:
-      dataset: Batches (nested dense tensors with a leading batch axis); each must hold at
-        least one example per device (`drop_remainder=True` for a short last batch).
+      dataset: Batches (nested dense tensors with a leading batch axis). A batch with fewer
+        examples than devices (a last batch without `drop_remainder=True`) ends the input
+        cleanly: the batches before it are each trained once, it is not.
       devices: The tower devices, those `train_step` gets.
       split_device: Where batches are split.
 
@@ -202,8 +216,9 @@ def prefetch_to_devices(
 
     Raises:
       TypeError: if `dataset` is not a `tf.data.Dataset`, or an element is not dense tensors.
-      ValueError: if a device does not exist, an element has a scalar leaf, or it is called
-        inside `tf.function` or a v1 graph.
+      ValueError: if a device does not exist, an element has a scalar leaf, the batches'
+        static size is smaller than the device count, or it is called inside
+        `tf.function` or a v1 graph.
 
     Example:
       >>> staged = towers.prefetch_to_devices(dataset, towers.list_devices())
@@ -228,6 +243,17 @@ def _checked_specs(element_spec: Any) -> list[tf.TensorSpec]:
                 f"a scalar ({spec}). Batch the dataset first."
             )
     return specs
+
+
+def _check_batch(spec: tf.TensorSpec, devices: int) -> None:
+    """Refuses a dataset whose every batch (a static size) is smaller than the device count."""
+    batch = spec.shape[0]
+    if batch is not None and batch < devices:
+        raise ValueError(
+            f"towers.prefetch_to_devices: the dataset's batches hold {batch} examples, fewer "
+            f"than the {devices} devices (each tower needs at least one). Batch more examples "
+            "or stage on fewer devices."
+        )
 
 
 def _read(buffer: tf.Variable, device: str) -> tf.Tensor:

@@ -64,7 +64,7 @@ class DynamicLossScale(LossScale):
     `backoff_factor` (not below `min_scale`) and the run restarts.
 
     Args:
-      initial_scale: The scale to start from, > 0.
+      initial_scale: The scale to start from, > 0 and a float32 (at most 3.4e38).
       growth_interval: Finite steps in a row before the scale grows, >= 1.
       growth_factor: The growth, > 1.
       backoff_factor: The back-off, in (0, 1).
@@ -85,6 +85,9 @@ class DynamicLossScale(LossScale):
         min_scale: float = 1.0,
         name: str = "dynamic_loss_scale",
     ):
+        initial_scale = check_number(
+            initial_scale, "initial_scale", above=0.0, maximum=_LARGEST_FLOAT32
+        )
         super().__init__(initial_scale, name=name)
         self.growth_interval = check_int(growth_interval, "growth_interval", minimum=1)
         self.growth_factor = check_number(growth_factor, "growth_factor", above=1.0)

@@ -15,22 +15,35 @@ from towers.workers import broadcast_from_chief, current_workers
 
 
 @library_code
-def check_replicas_identical(target: Target) -> None:
-    """Checks that every copy of every variable equals the first, bit for bit (eagerly).
+def check_replicas_identical(target: Target, session: Any = None) -> None:
+    """Checks that every copy of every variable equals the first, bit for bit.
+
+    Eagerly it reads the variables; in a v1 graph, pass the `tf.compat.v1.Session` that
+    holds their values (it runs one read of them all).
 
     Args:
       target: A `Replicated` (or another strategy holding copies), or a `towers` optimizer
         such as `towers.SGD` (its momentum per replica); a plain target trivially passes.
+      session: In a v1 graph, the session to read the values in; None eagerly.
 
     Raises:
       ValueError: naming each variable whose copies differ, the replicas and the largest
-        difference.
+        difference; or, in a v1 graph without `session`, saying to pass one.
     """
+    copies = variable_copies(target)
+    if session is None and not tf.executing_eagerly():
+        raise ValueError(
+            "check_replicas_identical reads the variables' values: in a v1 graph pass the "
+            "session that holds them, check_replicas_identical(target, session)."
+        )
+    if session is not None:
+        values = session.run({name: list(group) for name, group in copies.items()})
+    else:
+        values = {name: [copy.numpy() for copy in group] for name, group in copies.items()}
     differ = []
-    for name, copies in variable_copies(target).items():
-        first = copies[0].numpy()
-        for i, copy in enumerate(copies[1:], start=1):
-            value = copy.numpy()
+    for name, group in values.items():
+        first = group[0]
+        for i, value in enumerate(group[1:], start=1):
             if not np.array_equal(first, value):
                 gap = float(np.max(np.abs(value.astype(np.float64) - first)))
                 differ.append(f"{name} (replica {i}, max difference {gap:.3g})")

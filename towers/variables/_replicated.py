@@ -17,12 +17,12 @@ from towers.ops.internal import (
 )
 from towers.variables._names import Copies, names_of
 from towers.variables._replica_checks import (
-    check_new_replica,
     check_same_structure,
     copy_first,
     tower_scope,
 )
 from towers.variables._sharded import ShardedState
+from towers.variables._shared_init import built_replicas
 from towers.variables._strategy import ReducedGradients, VariableStrategy, trainable_list
 from towers.workers import algorithm_for_workers
 
@@ -32,8 +32,10 @@ class Replicated(VariableStrategy):
 
     Give a function that builds the model with its variables (call it on a sample if it
     creates them lazily); `Replicated` calls it once per device, under `tf.device`, and
-    copies the first replica's values to the others (in a v1 graph: run `broadcast()`'s op
-    after the initializer). Tower code takes its own copy with `local()`:
+    copies the first replica's values to the others (in a v1 graph each copy's initializer
+    takes the first copy's initial value: one run of the initializers gives every copy the
+    same values; across workers, run `broadcast()`'s op after it). Tower code takes its own
+    copy with `local()`:
     `loss_fn(shard)` calls `replicas.local()(shard[0])` (README's *Replicated variables*).
 
     Every tower reads its local copy; `train_step` all-reduces the gradients and applies the
@@ -84,13 +86,7 @@ class Replicated(VariableStrategy):
         check_all_reduce_options(bucket_bytes, wire_dtype, sparse)
         self.algorithm = algorithm_for_workers(all_reduce)
         self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
-        self.replicas = []
-        for i, device in enumerate(self.devices):
-            scope = tf.name_scope(f"replica_{i}") if i else contextlib.nullcontext()
-            with tf.device(device), scope:
-                replica = build()
-            check_new_replica(replica, self.replicas)
-            self.replicas.append(replica)
+        self.replicas = built_replicas(build, self.devices)
         check_same_structure(self.replicas)
         self.shard_optimizer_state = check_bool(shard_optimizer_state, "shard_optimizer_state")
         self._sharded = None

@@ -51,6 +51,44 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaises(tf.errors.InvalidArgumentError):  # (its Assert's error)
             step(staged)
 
+    @parameterized.parameters(("ps", False), ("ps", True), ("replicated", True))
+    def test_a_batch_smaller_than_the_devices_ends_the_input_and_loses_none(
+        self, strategy, jit_compile
+    ):
+        """10 examples in batches of 4 on 3 devices: 4 and 4 trained, then the input ends.
+
+        Before: staging the last batch (2 examples) failed the step that staged it, and
+        that step's own full batch was lost (its update never landed).
+        """
+        devices = test_util.devices(3)
+        inputs, labels = test_util.batch(10)
+        dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(4)  # 4, 4, 2
+        reference = test_util.built_model()
+        by_hand = test_util.reference_step(reference, test_util.loss_fn(reference), 0.1)
+        for batch in list(dataset)[:2]:
+            by_hand(batch)
+        if strategy == "replicated":
+            model = towers.Replicated(test_util.built_model, devices)
+            trained, loss_fn = model.replicas[0], lambda b: test_util.loss_fn(model.local())(b)
+        else:
+            model = trained = test_util.built_model()
+            loss_fn = test_util.loss_fn(model)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                loss_fn, model, towers.SGD(0.1), batch, devices, jit_compile=jit_compile
+            )[0]
+
+        staged = towers.prefetch_to_devices(dataset, devices)
+        self.assertLen([float(step(batch)) for batch in staged], 2)
+        for got, expected in zip(trained.variables, reference.variables):
+            test_util.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "prefetch_to_devices"):
+            step(staged)  # one more: the staging's own error, and no change
+        for got, expected in zip(trained.variables, reference.variables):
+            test_util.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
     def test_a_dtype_the_device_holds_no_variable_of_waits_on_its_host(self):
         """As int32 on a GPU (asked of the kernel registry; here it says so of every device):
         the ids and labels wait on CPU:0 and each step reads them onto the tower's device."""
@@ -140,6 +178,9 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
             towers.prefetch_to_devices(tf.data.Dataset.range(3), devices)
         with self.assertRaisesRegex(ValueError, "does not exist"):
             towers.prefetch_to_devices(_dataset(), ["/cpu:0", "/cpu:99"])
+        small = tf.data.Dataset.from_tensor_slices(np.zeros([6, 2])).batch(1, drop_remainder=True)
+        with self.assertRaisesRegex(ValueError, "batches hold 1 examples, fewer than the 2"):
+            towers.prefetch_to_devices(small, devices)
         staged = towers.prefetch_to_devices(_dataset(), devices)
         model = test_util.built_model()
         with self.assertRaisesRegex(ValueError, re.escape(f"staged on {devices}")):

@@ -75,7 +75,11 @@ class DynamicLossScaleTest(tf.test.TestCase):
             (lambda: towers.DynamicLossScale(growth_factor=1.0), ValueError, "number > 1"),
             (lambda: towers.LossScale(0.0), ValueError, r"`scale` must be a finite number in \(0"),
             (lambda: towers.LossScale("big"), TypeError, "`scale` must be a finite number"),
-            (lambda: towers.DynamicLossScale(1e39), ValueError, r"in \(0, 3.40282e\+38\]"),
+            (
+                lambda: towers.DynamicLossScale(1e39),
+                ValueError,
+                r"`initial_scale` must be a finite number in \(0, 3.40282e\+38\]; got 1e\+39",
+            ),
         ]:
             with self.assertRaisesRegex(error, message):
                 make()

@@ -79,7 +79,7 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.parameters("ring", "collective", "hierarchical")
     def test_a_v1_graph_and_session(self, algorithm):
-        """Copies built with other values take the first's from the broadcast op."""
+        """Copies built with other values start as the first (its initial value)."""
         devices = test_util.devices(3)
         seeds = iter(range(3))
         batches = [tf.nest.flatten(test_util.batch(11, seed=i)) for i in range(STEPS)]
@@ -101,8 +101,7 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
             ]  # fmt: skip
             with tf.compat.v1.Session(config=towers.session_config()) as sess:
                 sess.run(tf.compat.v1.global_variables_initializer())
-                w1 = [sess.run(r.w1) for r in replicas.replicas]
-                self.assertNotAllClose(w1[0], w1[1])  # built apart
+                towers.check_replicas_identical(replicas, sess)  # built alike, seeds apart
                 sess.run(broadcast)
                 for flat in batches:
                     sess.run(loss, dict(zip(feeds, flat)))
@@ -235,6 +234,36 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
             step(test_util.batch(11, seed=i))
         for got, want in zip(second.replicas[2].variables, whole.variables):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def test_copies_with_random_initializers_start_identical_in_a_v1_graph(self):
+        """Before: each copy ran its own initializer, and 3 steps trained 3 models."""
+
+        class Random(tf.Module):
+            def __init__(self):
+                super().__init__(name="random")
+                self.w = tf.Variable(tf.random.normal([4, 3]), name="w")
+                self.b = tf.Variable(lambda: tf.random.uniform([3]), name="b")
+
+        devices = test_util.devices(3)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            replicas = towers.Replicated(Random, devices)
+            x = tf.random.normal([6, 4], seed=1)
+            loss, _ = towers.train_step(
+                lambda b: tf.reduce_mean(tf.square(b @ replicas.local().w + replicas.local().b)),
+                replicas, towers.SGD(0.1), x, devices,
+            )  # fmt: skip
+            session.run(tf.compat.v1.global_variables_initializer())  # and no broadcast()
+            towers.check_replicas_identical(replicas, session)
+            first = session.run(replicas.replicas[0].w)
+            for _ in range(3):
+                session.run(loss)
+            towers.check_replicas_identical(replicas, session)
+            self.assertNotAllClose(session.run(replicas.replicas[0].w), first)  # it trained
+            with self.assertRaisesRegex(ValueError, r"pass the session"):
+                towers.check_replicas_identical(replicas)
+            session.run(replicas.replicas[1].w.assign_add(tf.ones([4, 3])))
+            with self.assertRaisesRegex(ValueError, r"copies differ: w \(replica 1"):
+                towers.check_replicas_identical(replicas, session)
 
     def test_check_names_the_differing_copy(self):
         replicas = towers.Replicated(_build(), test_util.devices(3))
