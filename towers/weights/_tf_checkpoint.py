@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import time
 import uuid
 
 import numpy as np
@@ -80,17 +81,22 @@ def _save(directory: str, arrays: dict[str, np.ndarray]) -> None:
 def read_checkpoint(path: str) -> dict[str, np.ndarray]:
     """Every tensor of the checkpoint in directory `path`, or at prefix `path`.
 
-    A save that replaces the directory's checkpoint while it is read (another process) can
-    delete the files being read; the read then starts again from the new checkpoint.
+    A save that replaces the directory's checkpoint while it is read (another process)
+    deletes the files being read, or those its state file named a moment ago; the read then
+    starts again from the new checkpoint (for up to a minute of such switches): a reader gets
+    the old weights or the new ones, never an error for the switch. A checkpoint missing
+    while the state file stays as it was is an error at once.
     """
-    retries = 2
+    deadline = time.monotonic() + _WAIT_SECONDS
+    directory = os.path.isdir(path)
     while True:
-        prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
+        state = _state_of(path) if directory else None
+        prefix = tf.train.latest_checkpoint(path) if directory else path
         if prefix is None:
+            if directory and _switched(path, state, deadline):
+                continue
             raise FileNotFoundError(f"{path!r} is a directory without a TensorFlow checkpoint.")
-        if os.path.isdir(path) and os.path.dirname(os.path.abspath(prefix)) != os.path.abspath(
-            path
-        ):
+        if directory and os.path.dirname(os.path.abspath(prefix)) != os.path.abspath(path):
             raise ValueError(  # its "checkpoint" file is untrusted: it may name any prefix
                 f"The checkpoint state file of {path!r} names {prefix!r}, outside the "
                 "directory; towers reads only checkpoints inside the directory it is given."
@@ -102,11 +108,23 @@ def read_checkpoint(path: str) -> dict[str, np.ndarray]:
                 for name in sorted(reader.get_variable_to_shape_map())
                 if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")
             }
-        except tf.errors.NotFoundError:
-            replaced = os.path.isdir(path) and tf.train.latest_checkpoint(path) != prefix
-            if not replaced or retries == 0:
+        except tf.errors.OpError:  # (a file deleted while read: not found, or a data loss)
+            if not (directory and _switched(path, state, deadline)):
                 raise
-            retries -= 1
+
+
+def _state_of(directory: str) -> bytes | None:
+    """The directory's state file, as it is now (None: there is none)."""
+    try:
+        with open(os.path.join(directory, _STATE_FILE), "rb") as f:
+            return f.read(1 << 16)  # towers writes two short lines
+    except OSError:
+        return None
+
+
+def _switched(directory: str, state: bytes | None, deadline: float) -> bool:
+    """Whether a save switched the state file since `state` was read (and time is left)."""
+    return time.monotonic() < deadline and _state_of(directory) not in (None, state)
 
 
 def _claim(directory: str) -> None:
