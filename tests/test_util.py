@@ -219,6 +219,18 @@ def op_devices(graph: tf.Graph, pattern: str) -> dict[str, str]:
     return {op.name: local_device(op.device) for op in graph.get_operations() if pattern in op.name}
 
 
+def ancestors(op: tf.Operation) -> set[tf.Operation]:
+    """Every op `op` waits for in its graph, through its inputs and control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for before in [t.op for t in current.inputs] + list(current.control_inputs):
+            if before not in seen:
+                seen.add(before)
+                todo.append(before)
+    return seen
+
+
 def run_python(code: str, timeout: float = 120) -> str:
     """Runs `code` in a fresh interpreter with this project importable; returns its stdout."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}

@@ -183,12 +183,7 @@ def applied(
         return optimizer.apply_gradients(pairs, finite=verdict.finite, jit_compile=jit_compile)
     if verdict.finite is None:
         return apply_gradients(pairs)
-
-    def run() -> tf.Tensor:
-        with tf.control_dependencies(update_ops(apply_gradients(pairs))):
-            return tf.constant(True)
-
-    return tf.cond(verdict.finite, run, lambda: tf.constant(False))
+    return tf.cond(verdict.finite, lambda: _done(apply_gradients(pairs)), _skipped)
 
 
 def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:

@@ -127,7 +127,7 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         (staging,) = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
         for op in graph.get_operations():
             if "tower_" in op.name and op.type == "MatMul":
-                self.assertNotIn(staging, _ancestors(op), op.name)
+                self.assertNotIn(staging, test_util.ancestors(op), op.name)
         reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"]
         self.assertTrue(any(test_util.local_device(op.device) == devices[1] for op in reads))
 
@@ -192,17 +192,6 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
 
         with self.assertRaisesRegex(ValueError, "made eagerly"):
             inside()
-
-
-def _ancestors(op: tf.Operation) -> set:
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
 
 
 if __name__ == "__main__":

@@ -82,18 +82,6 @@ def _writes(graph: tf.Graph) -> list[tf.Operation]:
     return found
 
 
-def _ancestors(op: tf.Operation) -> set[tf.Operation]:
-    """Every op `op` waits for, through its inputs and control inputs."""
-    seen, todo = set(), [op]
-    while todo:
-        current = todo.pop()
-        for before in [t.op for t in current.inputs] + list(current.control_inputs):
-            if before not in seen:
-                seen.add(before)
-                todo.append(before)
-    return seen
-
-
 def _poisonable(strategy, every, **options):
     """(model, accumulator, poison, step): an accumulating step whose loss is times `poison`
     (assign NaN to make a call's gradients bad)."""
@@ -181,7 +169,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         writes = _writes(graph)
         self.assertNotEmpty(writes)
         for op in writes:
-            waits_for = {before.type for before in _ancestors(op)}
+            waits_for = {before.type for before in test_util.ancestors(op)}
             self.assertEmpty(waits_for & set(_HOST_ROUND_TRIPS), op.name)
         asserts = [op for op in graph.get_operations() if op.type == "Assert"]
         self.assertLen(asserts, 1 if nonfinite == "raise" else 0)
