@@ -170,7 +170,9 @@ def train_step(
         outputs = None
     with ops.collective_order():  # (sharded state: the all-gather, chained on its own)
         updates += strategy.after_update(variables, updates)
-    updates += raised(verdict, updates)  # "raise": after every write of the step
+    # "raise": after every write and every merge of the step, so that when it fails nothing
+    # of the step is still running (no exchange is cancelled: no TensorFlow noise around it).
+    updates += raised(verdict, [updates, loss, outputs])
     with tf.control_dependencies(update_ops(updates)):
         loss = tf.identity(loss)
     return loss, outputs
