@@ -53,6 +53,6 @@ def reduce_for(
     A hook sees every reduced gradient (a global norm is of them all), so sharded state
     all-reduces them for it; each copy still updates only its own.
     """
-    if gradient_hook is not None and getattr(strategy, "shard_optimizer_state", False):
+    if gradient_hook is not None and strategy.shard_optimizer_state:
         return strategy.reduce_gradients(model, tower_grads, sizes, every_gradient=True)
     return strategy.reduce_gradients(model, tower_grads, sizes)

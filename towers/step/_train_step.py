@@ -193,7 +193,7 @@ def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[
 
 def _check_accumulation(strategy: VariableStrategy, gradient_hook: Any) -> None:
     """Sharded state accumulates each copy's share: a hook would see a part of the mean."""
-    if gradient_hook is not None and getattr(strategy, "shard_optimizer_state", False):
+    if gradient_hook is not None and strategy.shard_optimizer_state:
         raise ValueError(
             "With shard_optimizer_state=True and `accumulate`, each copy accumulates only its "
             "own variables' gradients, so a gradient hook would see a part of the accumulated "

@@ -107,7 +107,12 @@ class ParameterServer(VariableStrategy):
 
     @library_code
     def reduce_gradients(
-        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+        self,
+        model: Any,
+        tower_grads: list[list[Gradient]],
+        weights: Sequence[Weight],
+        *,
+        every_gradient: bool = False,
     ) -> list[ReducedGradients]:
         """The weighted mean of the tower gradients, built where each variable lives.
 
@@ -115,6 +120,7 @@ class ParameterServer(VariableStrategy):
           model: A `tf.Module` or a list of variables.
           tower_grads: K lists of N gradients.
           weights: K weights (shard sizes).
+          every_gradient: Ignored: the one copy updates every variable.
 
         Returns:
           One `ReducedGradients`: the averaged gradients of the single copy.
@@ -122,6 +128,7 @@ class ParameterServer(VariableStrategy):
         Raises:
           ValueError: across several workers (each would train its own copy, apart).
         """
+        del every_gradient
         if current_workers().num_workers > 1:
             raise ValueError(
                 f"The parameter-server strategy keeps one copy in this process; with "

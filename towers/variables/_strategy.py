@@ -61,9 +61,22 @@ class VariableStrategy(abc.ABC):
        (to `train_step`, `save_weights`, `CheckpointManager`); the weight functions then ask
        it, as `strategy.variable_copies(strategy)`.
 
+    A strategy that shards optimizer state (each copy keeps the state of its own share of
+    the variables, `Replicated(shard_optimizer_state=True)`) says so with the attribute
+    `shard_optimizer_state` (default False), reduces with `every_gradient=True` when a
+    gradient hook must see every gradient, and gives `state_copies` and `after_update`.
+
     `model` is what the user passed as the variables to train: a `tf.Module`, a list of
     variables, or the strategy itself when it holds its own copies (`towers.Replicated`).
+
+    Attributes:
+      shard_optimizer_state: Whether each copy keeps optimizer state only for its share of
+        the variables (and updates only those). `train_step` then reduces with
+        `every_gradient=True` for a gradient hook, and refuses a hook with `accumulate`
+        (each copy would accumulate only its share).
     """
+
+    shard_optimizer_state: bool = False
 
     @abc.abstractmethod
     def scope(self, tower: TowerContext) -> contextlib.AbstractContextManager:
@@ -90,7 +103,12 @@ class VariableStrategy(abc.ABC):
 
     @abc.abstractmethod
     def reduce_gradients(
-        self, model: Any, tower_grads: list[list[Gradient]], weights: Sequence[Weight]
+        self,
+        model: Any,
+        tower_grads: list[list[Gradient]],
+        weights: Sequence[Weight],
+        *,
+        every_gradient: bool = False,
     ) -> list[ReducedGradients]:
         """Reduces `K x N` tower gradients to the updates of each copy.
 
@@ -99,6 +117,10 @@ class VariableStrategy(abc.ABC):
           tower_grads: K lists of N gradients, tower i's aligned with
             `tower_variables(model, tower i)`.
           weights: K weights of the mean (the shard sizes).
+          every_gradient: Give each copy every reduced gradient, also those of variables
+            whose state it does not keep (for a gradient hook, which sees them all); each
+            copy still updates only its own (`ReducedGradients.state`). Passed only to a
+            strategy with `shard_optimizer_state`; others may leave the keyword out.
 
         Returns:
           One `ReducedGradients` per copy of the variables.

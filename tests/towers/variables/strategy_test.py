@@ -145,6 +145,44 @@ class CustomStrategyTest(tf.test.TestCase):
         for got, want in zip(plain.variables, strategy.copies[0].variables):
             self.assertAllEqual(got, want)
 
+    def test_a_strategy_that_shards_state_is_asked_for_every_gradient_with_a_hook(self):
+        """What `train_step` asks of a strategy is declared by the protocol, not looked up:
+        `shard_optimizer_state` (default False) and `reduce_gradients(every_gradient=)`."""
+        self.assertFalse(towers.VariableStrategy.shard_optimizer_state)
+        devices = test_util.devices(2)
+
+        class Sharding(TwoCopies):
+            shard_optimizer_state = True
+            asked = []
+
+            def reduce_gradients(self, model, tower_grads, weights, *, every_gradient=False):
+                self.asked.append(every_gradient)
+                return super().reduce_gradients(model, tower_grads, weights)
+
+        strategy = Sharding(devices)
+        for hook in (None, lambda grads, variables: grads):
+            towers.train_step(
+                lambda b: test_util.loss_fn(_local(strategy)())(b),
+                strategy.copies[0],
+                towers.SGD(0.1),
+                test_util.batch(4),
+                devices,
+                variable_strategy=strategy,
+                gradient_hook=hook,
+            )
+        self.assertEqual(Sharding.asked, [False, True])
+        # A strategy that does not shard is never passed the keyword (it may leave it out).
+        plain = TwoCopies(devices)
+        towers.train_step(
+            lambda b: test_util.loss_fn(_local(plain)())(b),
+            plain.copies[0],
+            towers.SGD(0.1),
+            test_util.batch(4),
+            devices,
+            variable_strategy=plain,
+            gradient_hook=lambda grads, variables: grads,
+        )
+
     def test_replicate_enters_the_strategy_scope(self):
         strategy = TwoCopies(test_util.devices(2))
         with self.assertRaisesRegex(ValueError, "TwoCopies builds its copies up front"):
