@@ -217,9 +217,12 @@ def _moments(x: tf.Tensor, axes: Sequence[int], *, sync: bool):
 
 
 def _no_update(mean: tf.Tensor, variance: tf.Tensor) -> list:
-    """The update of a tower that leaves the moving averages to another (it still exchanged)."""
-    del mean, variance
-    return []
+    """The update of a tower that leaves the moving averages to another: none.
+
+    It still took part in the exchange; its op waits for it, so that whatever waits for the
+    step's updates (the "raise" check) waits for every tower's exchange too.
+    """
+    return [tf.group(mean, variance, name="exchanged")]
 
 
 def _statistics(sums: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
