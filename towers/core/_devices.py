@@ -139,6 +139,13 @@ def list_devices(kind: str | None = None, *, num: int | None = None) -> list[str
       TypeError: if `num` is not an int or None.
       ValueError: if `kind` is unknown, or fewer than `num` devices of that kind exist (the
         message lists the devices that do).
+
+    Example:
+      >>> towers.simulate_devices(4)  # on a machine without GPUs, before anything else
+      >>> towers.list_devices()
+      ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+      >>> towers.list_devices("CPU", num=2)
+      ['/device:CPU:0', '/device:CPU:1']
     """
     if kind is None:
         kind = "GPU" if local_devices(tf.config.list_logical_devices("GPU")) else "CPU"

@@ -30,7 +30,8 @@ class LAMB(Adam):
       name: The module's name.
 
     Raises:
-      TypeError: if an argument is not a number (or `learning_rate` a schedule...).
+      TypeError: if an argument is not a number, or `learning_rate` is none of a number, a
+        floating scalar tensor or variable, or a callable of the step count.
       ValueError: if an argument is out of range.
     """
 

@@ -28,6 +28,10 @@ class LossScale(tf.Module):
       scale: The factor, > 0 (a power of two keeps float32 gradients exact).
       name: The module's name.
 
+    Attributes:
+      scale: The factor, a float32 variable on the CPU.
+      skipped_steps: The number of steps skipped so far, an int64 variable on the CPU.
+
     Raises:
       TypeError: if `scale` is not a number.
       ValueError: if `scale` is not positive.
@@ -74,6 +78,12 @@ class DynamicLossScale(LossScale):
     Raises:
       TypeError: if an argument is not a number.
       ValueError: if an argument is out of range.
+
+    Example:
+      >>> loss_scale = towers.DynamicLossScale()
+      >>> loss, _ = towers.train_step(loss_fn, model, optimizer, batch, devices,
+      ...                             loss_scale=loss_scale)  # float16 compute in loss_fn
+      >>> int(loss_scale.skipped_steps), float(loss_scale.scale)
     """
 
     def __init__(

@@ -33,6 +33,11 @@ def apply_replicated(
       The K optimizer updates (and the copies' synchronization, with sharded state), under
       the default non-finite guard ("raise": running them fails on a NaN or Inf step, which
       changes nothing).
+
+    Raises:
+      ValueError: if `tower_grads` does not fit the replicas (see the strategy's
+        `reduce_gradients`), or for what the hook returns, as `apply_reduced`.
+      TypeError: if the hook is not callable or returns something else than gradients.
     """
     reduced = reduce_for(replicas, replicas, tower_grads, sizes, gradient_hook)
     updates, verdict = reduced_updates(reduced, optimizer, gradient_hook)

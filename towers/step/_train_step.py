@@ -116,9 +116,31 @@ def train_step(
       runs the update too) and the merged outputs (None if `loss_fn` returns only a loss).
 
     Raises:
-      ValueError: for bad inputs (see `ops.split_batch`, `towers.replicate`), a loss that is
-        not a scalar, or a hook returning the wrong number of gradients.
-      TypeError: if `variable_strategy` is not a strategy.
+      ValueError: for bad inputs (see `ops.split_batch`, `towers.replicate`), a
+        `StagedInput` staged on other devices than `devices`, a loss that is not a scalar,
+        a loss from which no variable gets a gradient, a hook returning the wrong number
+        of gradients (see `apply_reduced`), `micro_batches` < 1, a `loss_scale` number that
+        is not positive, an unknown `nonfinite` (or one other than "skip" with a
+        `DynamicLossScale`), or a `gradient_hook` with `accumulate` when the strategy
+        shards optimizer state.
+      TypeError: if `variable_strategy` is not a strategy, `gradient_hook` is not callable,
+        `accumulate` is not a `towers.GradientAccumulator`, `loss_scale` is neither a
+        number nor a `towers.LossScale`, `micro_batches` is not an int, or `jit_compile`
+        is not a bool.
+
+    Example:
+      >>> devices = towers.list_devices()
+      >>> model, optimizer = MyModel(), towers.SGD(0.1, momentum=0.9)
+      >>> def loss_fn(shard):
+      ...     images, labels = shard
+      ...     logits = model(images)
+      ...     loss = tf.reduce_mean(
+      ...         tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+      ...     return loss, logits  # the shard's mean loss, and outputs to merge
+      >>> @tf.function
+      ... def step(batch):
+      ...     return towers.train_step(loss_fn, model, optimizer, batch, devices)
+      >>> loss, logits = step((images, labels))  # the whole batch's mean loss and logits
     """
     strategy = resolve_strategy(variables, variable_strategy)
     devices = device_list(devices)

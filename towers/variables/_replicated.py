@@ -61,6 +61,10 @@ class Replicated(VariableStrategy):
         no variables, `build` returns a model (or variables) it returned before, or replicas
         differ in structure (the message names the variables).
       TypeError: if `build` is not callable or `devices` is a single name.
+
+    Example:
+      >>> replicas = towers.Replicated(build_model, devices)  # loss_fn uses replicas.local()
+      >>> loss, _ = towers.train_step(loss_fn, replicas, towers.Adam(1e-3), batch, devices)
     """
 
     def __init__(

@@ -84,6 +84,7 @@ def restore_weights(
 
     Raises:
       FileNotFoundError: if `path` does not exist (naming the weights files nearby, if any).
+      TypeError: if `target` is of another type than `save_weights` takes.
       ValueError: if the file is corrupt or of another format than its suffix, or (strict) the
         names, shapes or dtypes do not match.
     """
