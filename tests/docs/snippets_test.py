@@ -30,11 +30,10 @@ import pathlib
 import re
 import tempfile
 
+import tensorflow as tf
 from absl.testing import parameterized
 
-from tests import test_util  # noqa: F401  (sets the process up: 8 logical CPUs)
-
-import tensorflow as tf  # noqa: I001  (after test_util, which quiets TensorFlow's start)
+from tests import test_util  # noqa: F401  (the process set-up: 8 logical CPUs)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted(
