@@ -346,10 +346,14 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_two_processes_saving_one_checkpoint_directory_take_turns(self):
         folder = os.path.join(self.get_temp_dir(), "shared")
-        code = (
-            "import sys, numpy as np, tensorflow as tf, towers\n"
+        go = os.path.join(self.get_temp_dir(), "go")
+        code = (  # both save at once: each starts when both are ready
+            "import os, time, numpy as np, tensorflow as tf, towers\n"
             "v = {'w': tf.Variable(np.zeros([64, 64], np.float32))}\n"
-            "for i in range(15):\n"
+            "print('ready', flush=True)\n"
+            f"while not os.path.exists({go!r}):\n"
+            "    time.sleep(0.005)\n"
+            "for i in range(6):\n"
             "    v['w'].assign(tf.fill([64, 64], float(i)))\n"
             f"    towers.save_weights(v, {folder!r})\n"
             "print('done')\n"
@@ -358,10 +362,12 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
             subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
             for _ in range(2)
         ]
+        self.assertEqual([c.stdout.readline().strip() for c in children], ["ready", "ready"])
+        open(go, "w").close()
         outputs = [c.communicate(timeout=240)[0].strip() for c in children]
         self.assertEqual(outputs, ["done", "done"])
         self.assertLen([n for n in os.listdir(folder) if n.endswith(".index")], 1)
-        self.assertAllEqual(towers.read_weights(folder)["w"], np.full([64, 64], 14.0))
+        self.assertAllEqual(towers.read_weights(folder)["w"], np.full([64, 64], 5.0))
 
     def test_h5_checksums_cover_names(self):
         path = os.path.join(self.get_temp_dir(), "w.h5")
@@ -495,7 +501,10 @@ class AtomicSaveTest(tf.test.TestCase):
                 text=True,
             )
             self.assertEqual(child.stdout.readline().strip(), "ready")
-            time.sleep(rng.uniform(0.05, 0.6))  # a random moment of the save loop
+            # A random moment of a save: kill on the n-th look that finds one under way.
+            looks, deadline = rng.randint(1, 4), time.monotonic() + 10
+            while looks and time.monotonic() < deadline:
+                looks -= _leftovers(directory) > 0
             child.send_signal(signal.SIGKILL)
             child.wait(timeout=30)
             interrupted += _leftovers(directory) > 0

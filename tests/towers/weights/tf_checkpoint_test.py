@@ -77,7 +77,8 @@ class ReadWhileSavedTest(tf.test.TestCase):
             import os, time
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
             import numpy as np, tensorflow as tf, towers
-            end = time.monotonic() + 4.0
+            print("ready", flush=True)
+            end = time.monotonic() + 2.5
             i = 0
             while time.monotonic() < end:
                 i += 1
@@ -87,6 +88,7 @@ class ReadWhileSavedTest(tf.test.TestCase):
         saver = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE)
         reads = 0
         try:
+            self.assertEqual(saver.stdout.readline().strip(), b"ready")  # (then it saves)
             while saver.poll() is None:
                 w = towers.read_weights(path)["w"]
                 self.assertEqual(len(set(w.tolist())), 1)  # one save's, never mixed
