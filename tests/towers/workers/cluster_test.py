@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -34,6 +36,17 @@ def _ports(n):
 
 def _start_workers(n, *args, devices=2, local_first=True, sharded=False, poison=None):
     """Starts `n` workers (`tests.towers.workers.program`) with their TF_CONFIG; the processes."""
+    return _start(n, args, devices, local_first, sharded, poison)
+
+
+def _start_jobs(n, jobs, path, devices):
+    """Starts `n` workers that run `jobs` (`Job`s) one after the other."""
+    with open(path, "w") as f:
+        json.dump(jobs, f)
+    return _start(n, ("jobs", path), devices, True, False, False)
+
+
+def _start(n, args, devices, local_first, sharded, poison):
     cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
     processes = []
     for i in range(n):
@@ -89,32 +102,82 @@ def workers_program_sizes(mode, sizes, i):
     return sizes
 
 
+def _assert_trained(saved, sizes, sharded):
+    """The weights the workers saved are those of one process on the concatenated batches."""
+    skipped = (POISONED,) if sharded else ()  # (worker 1's NaN step, see `program.py`)
+    for name, var in _reference(sizes, skipped=skipped).items():
+        test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
+
+
+def Job(mode, out, sizes, **options):  # noqa: N802  (as program.Job, which this process cannot import)
+    """A job of `program.py`'s "jobs" mode: the fields of its `Job`."""
+    return {"mode": mode, "out": out, "sizes": list(sizes), **options}
+
+
+def _shared_jobs(directory):
+    """The runs several tests share, by towers per worker: {devices: [Job]}. Each group is
+    one cluster of 2 workers that runs its jobs one after the other (eager ones first)."""
+    at = lambda name: os.path.join(directory, name)  # noqa: E731
+    return {
+        2: [
+            Job("train", at("train-6-6.npz"), (6, 6)),
+            Job("train", at("train-5-8.npz"), (5, 8), local_first=False, sharded=True,
+                poison=POISONED),
+            Job("retrace", at("retraced.npz"), (5, 6)),
+            Job("batch_norm", at("bn-2.npz"), (5, 6)),
+            Job("checkpoint", at("run"), (5, 6), sharded=True),
+            Job("v1", at("v1-0"), (5, 6)),
+            Job("v1", at("v1-1"), (5, 6), sharded=True),
+        ],
+        1: [
+            Job("train", at("one.npz"), (5, 6)),
+            Job("batch_norm", at("bn-1.npz"), (5, 6)),
+        ],
+    }  # fmt: skip
+
+
 class TrainTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters(([6, 6], True, False), ([5, 8], False, True), ([4, 3, 6], True, True))
-    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes, local_first, sharded):
-        """Hierarchical (each worker sums its towers first) or flat (one group of all); the
-        optimizer state whole on every tower, or sharded over every worker's towers (then
-        worker 1's NaN at step 3 is skipped by every worker, whose shares it does not hold)."""
-        path = os.path.join(self.get_temp_dir(), "weights.npz")
-        sizes_arg = ",".join(map(str, sizes))
-        results = _wait(
-            _start_workers(
-                len(sizes), "train", path, sizes_arg, local_first=local_first, sharded=sharded
-            )
-        )
-        for code, output in results:
-            self.assertEqual(code, 0, output[-3000:])
-        saved = towers.read_weights(path)
-        skipped = (POISONED,) if sharded else ()
-        for name, var in _reference(sizes, skipped=skipped).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.shared = tempfile.mkdtemp(prefix="cluster_test.")
+        groups = _shared_jobs(cls.shared)
+        started = {
+            devices: _start_jobs(2, jobs, os.path.join(cls.shared, f"jobs-{devices}"), devices)
+            for devices, jobs in groups.items()
+        }
+        cls.outputs = {}
+        for devices, processes in started.items():
+            results = _wait(processes, timeout=400)
+            for job in groups[devices]:
+                cls.outputs[job["out"]] = results
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.shared, ignore_errors=True)
+        super().tearDownClass()
+
+    def _shared_run(self, name):
+        """The path job `name` of `_shared_jobs` wrote, once both of its workers finished it."""
+        path = os.path.join(self.shared, name)
+        for code, output in self.outputs[path]:
+            job = next(j for j in sum(_shared_jobs(self.shared).values(), []) if j["out"] == path)
+            done = f"done {job['mode']} {path}"
+            self.assertIn(done, output, f"exit code {code}: {output[-3000:]}")
+        return path
+
+    @parameterized.parameters(([6, 6], False), ([5, 8], True))
+    def test_workers_train_like_one_process_on_the_whole_batch(self, sizes, sharded):
+        """Hierarchical (6, 6: each worker sums its towers first) or flat (5, 8: one group of
+        all); the optimizer state whole on every tower, or sharded over every worker's towers
+        (then worker 1's NaN at step 3 is skipped by every worker, whose shares it does not
+        hold). 3 workers: `OwnClusterTest`."""
+        saved = towers.read_weights(self._shared_run(f"train-{sizes[0]}-{sizes[1]}.npz"))
+        _assert_trained(saved, sizes, sharded)
 
     def test_one_device_per_worker(self):
         """The usual cluster: one GPU per host. The all-reduce still spans the workers."""
-        path = os.path.join(self.get_temp_dir(), "one.npz")
-        for code, output in _wait(_start_workers(2, "train", path, "5,6", devices=1)):
-            self.assertEqual(code, 0, output[-3000:])
-        saved = towers.read_weights(path)
+        saved = towers.read_weights(self._shared_run("one.npz"))
         for name, var in _reference([5, 6]).items():
             test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
@@ -122,10 +185,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
     def test_v1_graphs_and_sessions(self, sharded):
         """Each worker builds a v1 graph and runs it in a session on its own server (sharded:
         the chief's checkpoint gathers the state the other worker keeps, in the session)."""
-        directory = os.path.join(self.get_temp_dir(), f"v1{int(sharded)}")
-        started = _start_workers(2, "v1", directory, "5,6", sharded=sharded, poison=False)
-        for code, output in _wait(started):
-            self.assertEqual(code, 0, output[-3000:])
+        directory = self._shared_run(f"v1-{int(sharded)}")
         model = test_util.built_model()
         optimizer = towers.SGD(0.1, momentum=0.9) if sharded else None
         with towers.CheckpointManager(directory, model, optimizer) as manager:
@@ -149,10 +209,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         """Statistics of the global batch, as one device's BatchNorm on the whole of it."""
         from tests.towers.layers import batch_norm_test  # noqa: PLC0415
 
-        path = os.path.join(self.get_temp_dir(), "bn.npz")
-        started = _start_workers(2, "batch_norm", path, "5,6", devices=devices)
-        for code, output in _wait(started):
-            self.assertEqual(code, 0, output[-3000:])
+        path = self._shared_run(f"bn-{devices}.npz")
         reference = batch_norm_test.Reference()
         for i in range(3):
             reference.step(batch_norm_test._batch(11, seed=i))
@@ -163,30 +220,14 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_a_worker_retracing_alone_keeps_working(self):
         """Worker 1's batches shrink at step 5: it traces again, the others do not."""
-        path = os.path.join(self.get_temp_dir(), "retraced.npz")
-        for code, output in _wait(_start_workers(2, "retrace", path, "5,6")):
-            self.assertEqual(code, 0, output[-3000:])
-        saved = towers.read_weights(path)
+        saved = towers.read_weights(self._shared_run("retraced.npz"))
         for name, var in _reference([5, 6], mode="retrace").items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
-
-    def test_the_launcher_runs_them(self):
-        path = os.path.join(self.get_temp_dir(), "launched.npz")
-        script = os.path.join(ROOT, "tests", "towers", "workers", "program.py")
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
-        self.assertEqual(code, 0)
-        saved = towers.read_weights(path)
-        for name, var in _reference([5, 6]).items():
             test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
     def test_the_chiefs_checkpoint_resumes_in_one_process(self):
         """With the state sharded across workers, the chief's file holds every worker's: one
         process (3 towers, unsharded) resumes from it, and so do 2 workers of 1 device."""
-        directory = os.path.join(self.get_temp_dir(), "run")
-        started = _start_workers(2, "checkpoint", directory, "5,6", sharded=True, poison=False)
-        for code, output in _wait(started):
-            self.assertEqual(code, 0, output[-3000:])
+        directory = self._shared_run("run")
         self.assertEqual(sorted(os.listdir(directory)).count("checkpoints.json"), 1)
         devices = test_util.devices(3)
         replicas = towers.Replicated(test_util.built_model, devices)
@@ -223,6 +264,28 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         saved = towers.read_weights(f"{directory}.final.npz")
         for name, var in want.items():
             test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
+
+
+class OwnClusterTest(tf.test.TestCase):
+    """Clusters of their own (a size or a start of their own), beside `TrainTest`'s."""
+
+    def test_three_workers_train_like_one_process(self):
+        """As `TrainTest`'s, with 3 workers: hierarchical sums, the state sharded over 6 towers."""
+        path = os.path.join(self.get_temp_dir(), "weights.npz")
+        started = _start_workers(3, "train", path, "4,3,6", local_first=True, sharded=True)
+        for code, output in _wait(started):
+            self.assertEqual(code, 0, output[-3000:])
+        _assert_trained(towers.read_weights(path), [4, 3, 6], sharded=True)
+
+    def test_the_launcher_runs_them(self):
+        path = os.path.join(self.get_temp_dir(), "launched.npz")
+        script = os.path.join(ROOT, "tests", "towers", "workers", "program.py")
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
+        self.assertEqual(code, 0)
+        saved = towers.read_weights(path)
+        for name, var in _reference([5, 6]).items():
+            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
 
 class AloneTest(tf.test.TestCase):

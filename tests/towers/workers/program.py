@@ -18,8 +18,15 @@ MODE:
 - "kill" / "stop" / "v1kill": worker 1 kills or freezes itself after one step (of a v1
   session for "v1kill"); the others report the error they get and how long after the fault
   it came, to OUT.<index>.json.
+- "jobs": OUT is a JSON file listing jobs (`Job`'s fields), run one after the other in this
+  one process: a cluster that several tests share (each process costs seconds to start).
+  A failing job reports to its OUT.<index>.json and ends the process.
+
+The options of one mode come from the environment (WORKER_LOCAL_FIRST, WORKER_SHARDED,
+WORKER_POISON_STEP); a job names its own.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -42,6 +49,19 @@ INFO = towers.init_workers(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One run of a mode: where it writes, each worker's batch size, and its options."""
+
+    mode: str
+    out: str
+    sizes: tuple = ()
+    local_first: bool = True  # hierarchical (each worker sums its towers first) or flat
+    sharded: bool = False  # the optimizer state over every worker's towers
+    poison: int = -1  # the step at which worker 1's loss is NaN (-1: none)
+    name: str = "end"  # the closing barrier's
+
+
 def _build():
     model = test_util.Model(seed=INFO.index)  # other values than the chief's: broadcast them
     model(test_util.batch(1)[0])
@@ -62,12 +82,12 @@ def step_sizes(mode, sizes, i):
     return sizes
 
 
-def main_v1(out, sizes, steps=10, kill=False):
+def main_v1(job, steps=10, kill=False):
     """The "train" mode in a v1 graph, run by a session on this worker's server; with
     `kill`, worker 1 kills itself after one step (as the "kill" mode)."""
+    out, sizes, sharded = job.out, job.sizes, job.sharded
     devices = towers.list_devices()
     batches = [_my_part(test_util.batch(sum(sizes), seed=i), sizes) for i in range(steps)]
-    sharded = os.environ.get("WORKER_SHARDED", "0") == "1"
     with tf.Graph().as_default():
         replicas = towers.Replicated(_build, devices, shard_optimizer_state=sharded)
         broadcast = replicas.broadcast()
@@ -94,13 +114,14 @@ def main_v1(out, sizes, steps=10, kill=False):
             with towers.CheckpointManager(out, replicas, saved, session=sess) as manager:
                 written = manager.save(steps)  # every worker calls it; the chief alone writes
             assert bool(written) == INFO.is_chief, written
-    towers.barrier("end")
+    towers.barrier(job.name)
 
 
-def main_batch_norm(out, sizes, steps=3):
+def main_batch_norm(job, steps=3):
     """A synchronized BatchNorm whose statistics span every worker's towers."""
     from tests.towers.layers import batch_norm_test  # noqa: PLC0415
 
+    out, sizes = job.out, job.sizes
     devices = towers.list_devices()
     replicas = towers.Replicated(
         lambda: batch_norm_test._built(batch_norm_test.Net(True, seed=INFO.index)), devices
@@ -115,7 +136,7 @@ def main_batch_norm(out, sizes, steps=3):
         step(_my_part(batch_norm_test._batch(sum(sizes), seed=i), sizes))
     if INFO.is_chief:
         towers.save_weights(replicas, out)
-    towers.barrier("end")
+    towers.barrier(job.name)
 
 
 def _fault(out, signum):
@@ -125,21 +146,20 @@ def _fault(out, signum):
     os.kill(os.getpid(), signum)
 
 
-def main(mode, out, sizes):
+def main(job):
+    """Runs one job (see the module's docstring for the modes)."""
+    mode, out, sizes = job.mode, job.out, job.sizes
     if mode in ("v1", "v1kill"):
-        return main_v1(out, sizes, steps=10 if mode == "v1" else 1000, kill=mode == "v1kill")
+        return main_v1(job, steps=10 if mode == "v1" else 1000, kill=mode == "v1kill")
     if mode == "batch_norm":
-        return main_batch_norm(out, sizes)
+        return main_batch_norm(job)
     devices = towers.list_devices()
-    local_first = os.environ.get("WORKER_LOCAL_FIRST", "1") == "1"  # hierarchical or flat
-    all_reduce = towers.WorkersAllReduce(local_first=local_first)
-    sharded = os.environ.get("WORKER_SHARDED", "0") == "1"  # optimizer state over every worker
+    all_reduce = towers.WorkersAllReduce(local_first=job.local_first)
     replicas = towers.Replicated(
-        _build, devices, all_reduce=all_reduce, shard_optimizer_state=sharded
+        _build, devices, all_reduce=all_reduce, shard_optimizer_state=job.sharded
     )
     optimizer = towers.SGD(0.1, momentum=0.9)
-
-    poison = int(os.environ.get("WORKER_POISON_STEP", "-1"))  # worker 1's loss NaN then
+    poison = job.poison
 
     @tf.function
     def step(batch, poisoned):
@@ -185,19 +205,43 @@ def main(mode, out, sizes):
     if mode == "retrace":  # from step 5 on, worker 1 traced once more, the others did not
         more = step.experimental_get_tracing_count() - traced
         assert more == (1 if INFO.index == 1 else 0), more
-    towers.barrier("end")
+    towers.barrier(job.name)
 
 
-if __name__ == "__main__":
-    mode, out = sys.argv[1], sys.argv[2]
-    sizes = (
-        [int(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else [6] * INFO.num_workers
+def _job_from_environment(mode, out, sizes):
+    return Job(
+        mode,
+        out,
+        tuple(sizes),
+        local_first=os.environ.get("WORKER_LOCAL_FIRST", "1") == "1",
+        sharded=os.environ.get("WORKER_SHARDED", "0") == "1",
+        poison=int(os.environ.get("WORKER_POISON_STEP", "-1")),
     )
+
+
+def _run(job):
     try:
-        main(mode, out, sizes)
+        main(job)
     except Exception as error:  # noqa: BLE001  (reported to the test, then a non-zero exit)
-        with open(f"{out}.{INFO.index}.json", "w") as f:
+        with open(f"{job.out}.{INFO.index}.json", "w") as f:
             json.dump(
                 {"error": type(error).__name__, "at": time.time(), "why": str(error)[:300]}, f
             )
         raise
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    if mode == "jobs":
+        with open(out) as f:
+            jobs = [Job(**fields) for fields in json.load(f)]
+        for i, job in enumerate(jobs):
+            _run(dataclasses.replace(job, sizes=tuple(job.sizes), name=f"end-{i}"))
+            print(f"done {job.mode} {job.out}", flush=True)
+    else:
+        sizes = (
+            [int(s) for s in sys.argv[3].split(",")]
+            if len(sys.argv) > 3
+            else [6] * INFO.num_workers
+        )
+        _run(_job_from_environment(mode, out, sizes))
