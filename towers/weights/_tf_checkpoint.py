@@ -30,6 +30,8 @@ _WRITTEN_HERE = re.compile(
     rf"{_OURS.pattern}|{re.escape(LOCK)}|\.?({re.escape(MARKER)}|{_STATE_FILE})"
     r"(\.\d+\.\w{8}\.tmp)?"
 )
+# What only towers writes: its marker (or the temporary of a save writing it now), its lock.
+_TOWERS_ONLY = re.compile(rf"\.?{re.escape(MARKER)}(\.\d+\.\w{{8}}\.tmp)?|{re.escape(LOCK)}")
 _WAIT_SECONDS = 60.0  # for another save of the same directory to finish
 
 
@@ -143,7 +145,7 @@ def _claim(directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
     entries = sorted(os.listdir(directory))
     foreign = [name for name in entries if not _WRITTEN_HERE.fullmatch(name)]
-    if entries and not any(_OURS.fullmatch(name) for name in entries) and MARKER not in entries:
+    if entries and not any(_OURS.fullmatch(n) or _TOWERS_ONLY.fullmatch(n) for n in entries):
         foreign = entries  # towers always writes weights files: these are someone else's
     if MARKER not in entries and foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")

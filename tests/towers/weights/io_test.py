@@ -328,6 +328,17 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
             towers.save_weights(_built_model(), folder)
         self.assertEqual(open(os.path.join(folder, "checkpoint")).read(), "my notes")
 
+    @parameterized.parameters(".towers-weights.json.307.mxz6649u.tmp", ".towers-weights.lock")
+    def test_a_folder_another_save_is_claiming_is_towers(self, name):
+        """Another process's save has just begun: its lock, or its marker's temporary, is all
+        the folder holds. Before: refused as files towers did not write (seen with two savers
+        starting together)."""
+        folder = os.path.join(self.get_temp_dir(), "f")
+        os.mkdir(folder)
+        open(os.path.join(folder, name), "w").close()
+        towers.save_weights({"w": tf.Variable([1.0])}, folder)
+        self.assertAllEqual(towers.read_weights(folder)["w"], [1.0])
+
     def test_a_users_file_in_its_folder_survives_even_with_a_similar_name(self):
         folder = os.path.join(self.get_temp_dir(), "f")
         towers.save_weights(_built_model(), folder)
