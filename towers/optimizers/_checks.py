@@ -90,8 +90,8 @@ def check_decays_representable(var: Any, **decays: float) -> None:
             raise ValueError(
                 f"`{label}`={decay} rounds to {rounded} in {var.dtype.name}, the dtype of "
                 f"variable {var.name}: the update would be 0 or NaN. Keep the trained "
-                f"variables in float32 and compute in {var.dtype.name} (see the README's mixed "
-                "precision recipe)."
+                f"variables in float32 and compute in {var.dtype.name} (see docs/precision.md's "
+                "recipe)."
             )
 
 

@@ -43,7 +43,7 @@ def replicate(
       variable_strategy: A `towers.VariableStrategy` (`ParameterServer`, `Replicated`...);
         default a `ParameterServer` on the CPU.
       jit_compile: Compile each tower's `fn` with XLA, one program per tower on its device
-        (see README's *XLA*). Its results carry no gradient back into the tower: take
+        (see docs/compiled.md). Its results carry no gradient back into the tower: take
         gradients inside `fn` (as `towers.tower_gradients` does).
 
     Returns:

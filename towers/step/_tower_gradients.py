@@ -45,7 +45,7 @@ def tower_gradients(
         one part), gradients and loss averaged by part size.
       merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
       jit_compile: Compile the forward and backward pass with XLA, one program on the
-        tower's device (each micro-batch runs it in turn). See README's *XLA*.
+        tower's device (each micro-batch runs it in turn). See docs/compiled.md.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned

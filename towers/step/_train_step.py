@@ -98,7 +98,7 @@ def train_step(
       jit_compile: Compile with XLA: each tower's forward and backward pass, one program
         per tower on its device, and each device's update (a towers optimizer over that
         copy's variables, the non-finite choice inside), one program per device; the
-        reduction stays outside (see README's *XLA*). A user's own optimizer (anything else
+        reduction stays outside (see docs/compiled.md). A user's own optimizer (anything else
         with `apply_gradients`) runs uncompiled.
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower

@@ -36,7 +36,7 @@ class Replicated(VariableStrategy):
     takes the first copy's initial value: one run of the initializers gives every copy the
     same values; across workers, run `broadcast()`'s op after it). Tower code takes its own
     copy with `local()`:
-    `loss_fn(shard)` calls `replicas.local()(shard[0])` (README's *Replicated variables*).
+    `loss_fn(shard)` calls `replicas.local()(shard[0])` (docs/replicated.md).
 
     Every tower reads its local copy; `train_step` all-reduces the gradients and applies the
     same update to each copy, with optimizer state per copy (or sharded). Weight files see
@@ -54,7 +54,7 @@ class Replicated(VariableStrategy):
       shard_optimizer_state: Keep each variable's optimizer state on one copy only (its
         owner; whole variables, balanced by bytes: `owners`): gradients are reduce-scattered
         to the owners, each owner updates its variables, and the updated values are
-        all-gathered into every copy (README's *Sharded optimizer state*).
+        all-gathered into every copy (docs/replicated.md, *Sharded optimizer state*).
 
     Raises:
       ValueError: if devices repeat or do not exist, an option is out of range, a replica has
@@ -177,7 +177,7 @@ class Replicated(VariableStrategy):
 
         Across workers (`towers.init_workers`), worker 0's first replica's values go to every
         replica of every worker. The constructor calls it eagerly; in a v1 graph, run the op
-        it returns after the initializer, every worker at the same point (README's *v1*).
+        it returns after the initializer, every worker at the same point (docs/porting.md).
 
         Returns:
           None eagerly; in a v1 graph, the op that copies.

@@ -104,7 +104,7 @@ def check_exposure() -> None:
         logging.warning(
             "TensorFlow's worker server listens on every interface (%s included) without "
             "authentication: whoever reaches its port can run any op in this worker. Run "
-            "only on a network that lets nobody else in (README: Several workers).",
+            "only on a network that lets nobody else in (docs/workers.md).",
             ", ".join(outside),
         )
 

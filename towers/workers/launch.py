@@ -152,7 +152,7 @@ def launch(
             raise OSError(_guard.UNAVAILABLE, f"--network=private: {unavailable}")
         err(
             f"[launch] {unavailable}; the workers use the host's network, where their servers "
-            "listen on every interface, unauthenticated (README: Several workers). Pass "
+            "listen on every interface, unauthenticated (docs/workers.md). Pass "
             "--network=host to say that is intended.\n"
         )
     ports = free_ports(workers) if ports is None else ports

@@ -354,7 +354,7 @@ class FailureTest(tf.test.TestCase, parameterized.TestCase):
             with open(f"{path}.{index}.json") as f:
                 report = json.load(f)
             self.assertIn(report["error"], ERRORS, output[-2000:])
-            # The bound stated in the README: the heartbeat (3 s here) plus its period.
+            # The bound stated in docs/workers.md: the heartbeat (3 s here) plus its period.
             self.assertLess(report["at"] - fault, 10.0, report)
 
 

@@ -96,7 +96,7 @@ class GuardTest(parameterized.TestCase):
             self.assertTrue(all(map(_reachable, ports)))  # so that the check below can fail
         launcher.kill()
         launcher.communicate()
-        deadline = time.monotonic() + 3  # the stated bound: README, Several workers
+        deadline = time.monotonic() + 3  # the stated bound: docs/workers.md
         while any(map(_alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertEqual([p for p in pids if _alive(p)], [])
