@@ -1,5 +1,6 @@
 """A whole data-parallel training step, as a thin composition of the library's stages."""
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -9,7 +10,7 @@ import tensorflow as tf
 import towers.ops as ops
 from towers.core import current_tower, device_list, user_code_entry
 from towers.data import StagedInput
-from towers.ops.internal import library_code, update_ops
+from towers.ops.internal import host_scope, library_code, update_ops
 from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
 from towers.step._apply_reduced import GradientHook, reduced_updates
@@ -194,9 +195,12 @@ def train_step(
         updates += strategy.after_update(variables, updates)
     # "raise": after every write and every merge of the step, so that when it fails nothing
     # of the step is still running (no exchange is cancelled: no TensorFlow noise around it).
-    updates += raised(verdict, [updates, loss, outputs])
-    with tf.control_dependencies(update_ops(updates)):
-        loss = tf.identity(loss)
+    check = raised(verdict, [updates, loss, outputs])
+    # The loss waits for the check on the check's device (the host): no other device waits
+    # on it, so when it fails TensorFlow reports its error once, not once more per device.
+    with host_scope() if check else contextlib.nullcontext():
+        with tf.control_dependencies(update_ops(updates + check)):
+            loss = tf.identity(loss)
     return loss, outputs
 
 

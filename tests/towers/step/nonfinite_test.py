@@ -218,6 +218,32 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
             session.run(loss, {x: good})
             self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
 
+    @parameterized.parameters("ps", "replicated")
+    def test_the_error_comes_alone_wherever_the_loss_is_merged(self, strategy):
+        """The loss merged on another device than the check's (as a GPU's would be): it
+        waits for the check on the host. Before: "2 root error(s)", the second a copy."""
+        devices = test_util.devices(2)
+        model, local, _ = _normed_model(strategy, devices)
+        local = local or (lambda: model)
+
+        @tf.function
+        def step(x):
+            return towers.train_step(
+                lambda x: tf.reduce_mean(tf.square(local()(x))),
+                model,
+                towers.SGD(0.1),
+                x,
+                devices,
+                merge_device="/device:CPU:5",
+            )
+
+        good = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        step(tf.constant(good))
+        good[5, 1] = np.nan
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, NAMES) as raised:
+            step(tf.constant(good))
+        _assert_alone(self, raised.exception)
+
     @parameterized.product(case=list(rules_test.CASES), jit_compile=[False, True])
     def test_every_rule_keeps_its_state_on_a_nan_step(self, case, jit_compile):
         """Two replicas; only w2's gradient is NaN (a hook): nothing moves, w2 is named."""

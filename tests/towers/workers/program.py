@@ -27,6 +27,7 @@ WORKER_POISON_STEP); a job names its own.
 """
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -87,13 +88,15 @@ def main_v1(job, steps=10, kill=False):
     `kill`, worker 1 kills itself after one step (as the "kill" mode)."""
     out, sizes, sharded = job.out, job.sizes, job.sharded
     devices = towers.list_devices()
-    batches = [_my_part(test_util.batch(sum(sizes), seed=i), sizes) for i in range(steps)]
+    made = [_my_part(test_util.batch(sum(sizes), seed=i), sizes) for i in range(min(steps, 10))]
+    batches = itertools.islice(itertools.cycle(made), steps)  # ("v1kill": 10, again and again)
+    first = made[0]
     with tf.Graph().as_default():
         replicas = towers.Replicated(_build, devices, shard_optimizer_state=sharded)
         broadcast = replicas.broadcast()
         optimizer = towers.SGD(0.1, momentum=0.9)
         feeds = tf.nest.map_structure(
-            lambda t: tf.compat.v1.placeholder(t.dtype, [None, *t.shape[1:]]), batches[0]
+            lambda t: tf.compat.v1.placeholder(t.dtype, [None, *t.shape[1:]]), first
         )
         loss, _ = towers.train_step(
             lambda b: test_util.loss_fn(replicas.local())(b),
