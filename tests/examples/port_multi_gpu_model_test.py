@@ -34,17 +34,26 @@ class PortMultiGpuModelTest(tf.test.TestCase):
             test_util.assert_allclose(value, want[name], rtol=1e-3, atol=1e-4)
 
     def test_resume_keeps_the_best_and_equals_an_uninterrupted_run(self):
+        """Resumed on 3 towers, as the 4 would have gone on. Smooth, as above: on the GPU
+        tier the relu model's weights came out 3.6e-4 apart in 1 run of 3."""
         directory = os.path.join(self.get_temp_dir(), "run")
         devices = test_util.devices(4)
-        whole = digits.train(devices, STEPS, batch_size=50, eval_every=10)
+        whole = digits.train(devices, STEPS, batch_size=50, eval_every=10, smooth=True)
         digits.train(
-            devices, STEPS, 50, eval_every=10, checkpoint_dir=directory, stop_after=STEPS // 2
+            devices,
+            STEPS,
+            50,
+            eval_every=10,
+            checkpoint_dir=directory,
+            stop_after=STEPS // 2,
+            smooth=True,
         )
         with self.assertRaisesRegex(ValueError, "pass --resume"):
-            digits.train(devices, STEPS, 50, checkpoint_dir=directory)
+            digits.train(devices, STEPS, 50, checkpoint_dir=directory, smooth=True)
         resumed = digits.train(
-            devices[:3], STEPS, 50, eval_every=10, checkpoint_dir=directory, resume=True
-        )
+            devices[:3], STEPS, 50, eval_every=10, checkpoint_dir=directory, resume=True,
+            smooth=True,
+        )  # fmt: skip
         self.assertLen(resumed["losses"], STEPS // 2)
         test_util.assert_allclose(resumed["losses"], whole["losses"][STEPS // 2 :], rtol=1e-4)
         want = _weights(whole["model"])
