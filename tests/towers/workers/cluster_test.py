@@ -1,5 +1,6 @@
 """Several workers on TensorFlow's collective runtime: each a subprocess on loopback."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from tests.towers.workers.jobs import Job
 from towers.variables import _parameter_server
 from towers.workers import launch
 
@@ -42,7 +44,7 @@ def _start_workers(n, *args, devices=2, local_first=True, sharded=False, poison=
 def _start_jobs(n, jobs, path, devices):
     """Starts `n` workers that run `jobs` (`Job`s) one after the other."""
     with open(path, "w") as f:
-        json.dump(jobs, f)
+        json.dump([dataclasses.asdict(job) for job in jobs], f)
     return _start(n, ("jobs", path), devices, True, False, False)
 
 
@@ -109,11 +111,6 @@ def _assert_trained(saved, sizes, sharded):
         test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
 
 
-def Job(mode, out, sizes, **options):  # noqa: N802  (as program.Job, which this process cannot import)
-    """A job of `program.py`'s "jobs" mode: the fields of its `Job`."""
-    return {"mode": mode, "out": out, "sizes": list(sizes), **options}
-
-
 def _shared_jobs(directory):
     """The runs several tests share, by towers per worker: {devices: [Job]}. Each group is
     one cluster of 2 workers that runs its jobs one after the other (eager ones first)."""
@@ -150,7 +147,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         for devices, processes in started.items():
             results = _wait(processes, timeout=400)
             for job in groups[devices]:
-                cls.outputs[job["out"]] = results
+                cls.outputs[job.out] = (job, results)
 
     @classmethod
     def tearDownClass(cls):
@@ -159,12 +156,10 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 
     def _shared_run(self, name):
         """The path job `name` of `_shared_jobs` wrote, once both of its workers finished it."""
-        path = os.path.join(self.shared, name)
-        for code, output in self.outputs[path]:
-            job = next(j for j in sum(_shared_jobs(self.shared).values(), []) if j["out"] == path)
-            done = f"done {job['mode']} {path}"
-            self.assertIn(done, output, f"exit code {code}: {output[-3000:]}")
-        return path
+        job, results = self.outputs[os.path.join(self.shared, name)]
+        for code, output in results:
+            self.assertIn(f"done {job.mode} {job.out}", output, f"exit {code}: {output[-3000:]}")
+        return job.out
 
     @parameterized.parameters(([6, 6], False), ([5, 8], True))
     def test_workers_train_like_one_process_on_the_whole_batch(self, sizes, sharded):
@@ -177,9 +172,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_one_device_per_worker(self):
         """The usual cluster: one GPU per host. The all-reduce still spans the workers."""
-        saved = towers.read_weights(self._shared_run("one.npz"))
-        for name, var in _reference([5, 6]).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
+        _assert_trained(towers.read_weights(self._shared_run("one.npz")), [5, 6], sharded=False)
 
     @parameterized.parameters(False, True)
     def test_v1_graphs_and_sessions(self, sharded):
@@ -283,9 +276,7 @@ class OwnClusterTest(tf.test.TestCase):
         env = {**os.environ, "PYTHONPATH": ROOT}
         code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
         self.assertEqual(code, 0)
-        saved = towers.read_weights(path)
-        for name, var in _reference([5, 6]).items():
-            test_util.assert_allclose(saved[name], var, rtol=1e-6, atol=1e-6)
+        _assert_trained(towers.read_weights(path), [5, 6], sharded=False)
 
 
 class AloneTest(tf.test.TestCase):

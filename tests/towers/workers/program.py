@@ -42,25 +42,13 @@ import tensorflow as tf  # noqa: E402
 
 import towers  # noqa: E402
 from tests import test_util  # noqa: E402  (splits the CPU, before the runtime starts)
+from tests.towers.workers.jobs import Job  # noqa: E402
 
 # A short heartbeat for the fault tests (the bound they check); a long one otherwise, so
 # that a worker starved of CPU on a loaded 2-core machine is not declared dead.
 INFO = towers.init_workers(
     heartbeat_seconds=3.0 if sys.argv[1] in ("kill", "stop", "v1kill") else 30.0
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """One run of a mode: where it writes, each worker's batch size, and its options."""
-
-    mode: str
-    out: str
-    sizes: tuple = ()
-    local_first: bool = True  # hierarchical (each worker sums its towers first) or flat
-    sharded: bool = False  # the optimizer state over every worker's towers
-    poison: int = -1  # the step at which worker 1's loss is NaN (-1: none)
-    name: str = "end"  # the closing barrier's
 
 
 def _build():
