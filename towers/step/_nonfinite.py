@@ -213,6 +213,25 @@ def _skipped() -> tf.Tensor:
 
 
 @library_code
+def checked_loss(verdict: Verdict, updates: Sequence[Any], loss: tf.Tensor, outputs: Any) -> Any:
+    """The step's loss, returned after its updates and, for "raise", after the host check.
+
+    With a check, the loss is copied to the host first and returned from there; the check
+    waits for the copy, the updates and the merged outputs. Once it can fail nothing of the
+    step still crosses between devices, so TensorFlow reports its error once, not once more
+    for each transfer it cut short.
+    """
+    if verdict.mode != "raise" or not verdict.flags:
+        with tf.control_dependencies(update_ops(updates)):
+            return tf.identity(loss)
+    with host_scope():
+        loss = tf.identity(loss)
+        check = raised(verdict, [updates, loss, outputs])
+        with tf.control_dependencies(update_ops(updates) + check):
+            return tf.identity(loss)
+
+
+@library_code
 def raised(verdict: Verdict, after: Sequence[Any]) -> list:
     """For "raise": the host check that fails the call, built after the updates `after`.
 

@@ -1,6 +1,5 @@
 """A whole data-parallel training step, as a thin composition of the library's stages."""
 
-import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,14 +9,14 @@ import tensorflow as tf
 import towers.ops as ops
 from towers.core import current_tower, device_list, user_code_entry
 from towers.data import StagedInput
-from towers.ops.internal import host_scope, library_code, update_ops
+from towers.ops.internal import library_code
 from towers.optimizers import AppliesGradients, Optimizer, is_keras
 from towers.step._accumulator import GradientAccumulator
 from towers.step._apply_reduced import GradientHook, reduced_updates
 from towers.step._compiled import check_jit_compile
 from towers.step._loss_scale import LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
-from towers.step._nonfinite import raised, resolve
+from towers.step._nonfinite import checked_loss, resolve
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
 from towers.step._tower_gradients import Variables, tower_gradients
@@ -195,13 +194,7 @@ def train_step(
         updates += strategy.after_update(variables, updates)
     # "raise": after every write and every merge of the step, so that when it fails nothing
     # of the step is still running (no exchange is cancelled: no TensorFlow noise around it).
-    check = raised(verdict, [updates, loss, outputs])
-    # The loss waits for the check on the check's device (the host): no other device waits
-    # on it, so when it fails TensorFlow reports its error once, not once more per device.
-    with host_scope() if check else contextlib.nullcontext():
-        with tf.control_dependencies(update_ops(updates + check)):
-            loss = tf.identity(loss)
-    return loss, outputs
+    return checked_loss(verdict, updates, loss, outputs), outputs
 
 
 def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[list, list]:
