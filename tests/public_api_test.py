@@ -224,7 +224,7 @@ def _run_script(directory: str, script: str) -> str:
     path = os.path.join(directory, "main.py")
     with open(path, "w") as f:
         f.write(script)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**os.environ, "PYTHONPATH": test_util.SITE}  # (tests/site: no module of the repo's)
     done = subprocess.run(
         [sys.executable, path],
         cwd=directory,

@@ -26,6 +26,10 @@ if KIND not in ("CPU", "GPU"):
     raise ValueError(f"TOWERS_TEST_KIND must be CPU or GPU; got {KIND!r}.")
 if KIND == "CPU":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU here nor in the processes tests start
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
+SITE = os.path.join(ROOT, "tests", "site")  # sitecustomize: Keras loads in a process that uses it
+if SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # for every process from here
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SITE, os.environ.get("PYTHONPATH")]))
 
 # What TensorFlow 2.21 logs while it loads and finds its devices, before its log level applies
 # (absl writes everything to stderr until then): INFO lines, absl's notice of it, and the failed
@@ -70,7 +74,6 @@ with _quiet_start():
         tf.config.list_logical_devices()  # CUDA starts now (the runtime, with its GPUs)
 if KIND == "GPU":  # CUDA is initialized: for the processes tests start (each would take the
     os.environ.update(CUDA_VISIBLE_DEVICES="", TOWERS_TEST_KIND="CPU")  # whole GPU): CPU tier
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 VOCAB, FEATURES, EMBED, HIDDEN, CLASSES = 13, 6, 4, 8, 3
 
 
@@ -231,9 +234,14 @@ def ancestors(op: tf.Operation) -> set[tf.Operation]:
     return seen
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's, the repository importable."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ["PYTHONPATH"]]), **extra}
+
+
 def run_python(code: str, timeout: float = 120) -> str:
     """Runs `code` in a fresh interpreter with this project importable; returns its stdout."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -53,7 +53,7 @@ def _start(n, args, devices, local_first, sharded, poison):
     processes = []
     for i in range(n):
         config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": ROOT}
+        env = test_util.child_env(TF_CONFIG=json.dumps(config))
         env["WORKER_DEVICES"] = str(devices)
         env["WORKER_LOCAL_FIRST"] = str(int(local_first))
         env["WORKER_SHARDED"] = str(int(sharded))
@@ -273,7 +273,7 @@ class OwnClusterTest(tf.test.TestCase):
     def test_the_launcher_runs_them(self):
         path = os.path.join(self.get_temp_dir(), "launched.npz")
         script = os.path.join(ROOT, "tests", "towers", "workers", "program.py")
-        env = {**os.environ, "PYTHONPATH": ROOT}
+        env = test_util.child_env()
         code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
         self.assertEqual(code, 0)
         _assert_trained(towers.read_weights(path), [5, 6], sharded=False)

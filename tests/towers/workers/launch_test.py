@@ -197,10 +197,7 @@ class LaunchTest(absltest.TestCase):
         root = os.path.abspath(launch.__file__)
         for _ in range(depth):
             root = os.path.dirname(root)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-        }
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ["PYTHONPATH"]])}
         done, _ = self._run(
             "--workers=1",
             self._script(_REPORT),

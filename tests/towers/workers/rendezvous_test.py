@@ -42,7 +42,7 @@ def _cluster(n):
 
 def _join(cluster, index, timeout_seconds):
     config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
-    env = {**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONPATH": test_util.ROOT}
+    env = test_util.child_env(TF_CONFIG=json.dumps(config))
     return subprocess.Popen(
         [sys.executable, "-c", JOIN, str(timeout_seconds)],
         env=env,
