@@ -338,6 +338,13 @@ class FailureTest(tf.test.TestCase, parameterized.TestCase):
         survivors = _wait([processes[i] for i in others], timeout=120)  # (a loaded machine)
         processes[1].kill()  # a frozen worker stays frozen
         _wait([processes[1]], timeout=10)
+        if not os.path.exists(f"{path}.fault"):  # the others stopped before worker 1's fault
+            self.fail(
+                "\n".join(
+                    f"worker {i} ({code}): {out[-1500:]}"
+                    for i, (code, out) in zip(others, survivors)
+                )
+            )  # (once in the H200's GPU tier)
         with open(f"{path}.fault") as f:
             fault = float(f.read())
         for index, (code, output) in zip(others, survivors):
