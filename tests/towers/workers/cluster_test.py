@@ -53,12 +53,14 @@ def _start(n, args, devices, local_first, sharded, poison):
     processes = []
     for i in range(n):
         config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}
-        env = test_util.child_env(TF_CONFIG=json.dumps(config))
-        env["WORKER_DEVICES"] = str(devices)
-        env["WORKER_LOCAL_FIRST"] = str(int(local_first))
-        env["WORKER_SHARDED"] = str(int(sharded))
         poisoned = sharded if poison is None else poison
-        env["WORKER_POISON_STEP"] = str(POISONED if poisoned else -1)
+        env = test_util.child_env(
+            TF_CONFIG=json.dumps(config),
+            WORKER_DEVICES=str(devices),
+            WORKER_LOCAL_FIRST=str(int(local_first)),
+            WORKER_SHARDED=str(int(sharded)),
+            WORKER_POISON_STEP=str(POISONED if poisoned else -1),
+        )
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.towers.workers.program", *args],
