@@ -252,6 +252,9 @@ def model_rows(
         rows["towers replicated xla, no guard"] = functools.partial(
             towers_step, devices=devices, dataset=dataset, nonfinite=None
         )
+        rows["towers replicated xla, skip"] = functools.partial(
+            towers_step, devices=devices, dataset=dataset, nonfinite="skip"
+        )
         rows["towers replicated xla, update uncompiled"] = functools.partial(
             towers_stages, devices=devices, dataset=dataset
         )

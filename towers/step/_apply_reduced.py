@@ -94,6 +94,7 @@ def apply_reduced(
     return updates + raised(verdict, updates)
 
 
+@library_code
 def reduced_updates(
     reduced: Sequence[ReducedGradients],
     optimizer: AppliesGradients,
@@ -127,13 +128,16 @@ def reduced_updates(
     if accumulate is None:
         return apply(given, loss_scale=loss_scale, nonfinite=nonfinite, state=state_updates)
     # Each call is judged as it is added: a bad micro-batch must not poison the sums.
-    verdict = _judged(reduced, given, nonfinite, None, True, jit_compile, optimizer)
-    if nonfinite is not None:
-        batch_size = tf.where(verdict.finite, tf.cast(batch_size, tf.float32), 0.0)
+    verdict = _judged(reduced, given, nonfinite, None, True, jit_compile, optimizer, alike=True)
     added = []
-    for copy, grads in zip(reduced, given):
+    for i, (copy, grads) in enumerate(zip(reduced, given)):
         with device_scope(copy.device):
-            added.append(accumulate.add(grads, copy.variables, batch_size, keep=verdict.finite))
+            size = batch_size
+            if nonfinite is not None:  # a skipped call adds no examples
+                size = tf.where(verdict.of(i), tf.cast(batch_size, tf.float32), 0.0)
+            added.append(accumulate.add(grads, copy.variables, size, keep=verdict.of(i)))
+    if nonfinite is not None:
+        batch_size = tf.where(verdict.chosen, tf.cast(batch_size, tf.float32), 0.0)
     updates = kept_state(state_updates, verdict)
     if isinstance(loss_scale, LossScale):
         with tf.control_dependencies(update_ops(added)):
@@ -184,19 +188,19 @@ def _apply_now(
                 checks += checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
         hooked.append(grads)
-    rate = None
-    if nonfinite is not None and isinstance(optimizer, Optimizer):
-        rate = finite_rate(optimizer)
-    verdict = _judged(reduced, hooked, nonfinite, rate, others, jit, optimizer)
+    rates = None
+    if isinstance(optimizer, Optimizer):
+        rates = functools.partial(finite_rate, optimizer)
+    verdict = _judged(reduced, hooked, nonfinite, rates, others, jit, optimizer, hook is None)
     updates = []
-    for copy, grads in zip(reduced, hooked):
+    for i, (copy, grads) in enumerate(zip(reduced, hooked)):
         with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
             pairs = [
                 (g, v)
                 for j, (g, v) in enumerate(zip(grads, copy.variables))
                 if g is not None and _keeps(copy, j)
             ]
-            updates.append(applied(optimizer, apply_gradients, pairs, verdict, jit))
+            updates.append(applied(optimizer, apply_gradients, pairs, verdict.of(i), jit))
     updates += kept_state(state, verdict)
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
         with tf.control_dependencies(update_ops(updates)):
@@ -204,8 +208,12 @@ def _apply_now(
     return updates, verdict
 
 
-def _judged(reduced, grads, nonfinite, rate, others: bool, jit: bool, optimizer) -> Verdict:
+def _judged(
+    reduced, grads, nonfinite, rates, others: bool, jit: bool, optimizer, alike: bool
+) -> Verdict:
     """The verdict on each copy's `grads` (and, with `others`, other processes' shares).
+
+    `alike`: the copies' gradients are the strategy's, unchanged (no hook ran on them).
 
     The error names variables as weight files do, where a towers optimizer knows them.
     """
@@ -216,7 +224,15 @@ def _judged(reduced, grads, nonfinite, rate, others: bool, jit: bool, optimizer)
     if isinstance(optimizer, Optimizer):
         names_of = functools.partial(optimizer.state_name, create=False)
     return judge(
-        grads, variables, devices, nonfinite, rate, elsewhere, compiled=jit, names_of=names_of
+        grads,
+        variables,
+        devices,
+        nonfinite,
+        rates,
+        elsewhere,
+        compiled=jit,
+        names_of=names_of,
+        alike=alike,
     )
 
 

@@ -3,12 +3,14 @@
 from typing import Any
 
 from towers.ops import collective_order
+from towers.ops.internal import library_code
 from towers.optimizers import AppliesGradients
 from towers.step._apply_reduced import GradientHook, reduced_updates
 from towers.step._nonfinite import raised
 from towers.variables import ReducedGradients, VariableStrategy
 
 
+@library_code
 def apply_replicated(
     replicas: VariableStrategy,
     tower_grads: list,

@@ -25,6 +25,7 @@ class ModelsSuiteTest(tf.test.TestCase):
         for label in (
             "towers ps xla",
             "towers replicated xla, no guard",
+            "towers replicated xla, skip",
             "towers replicated xla, update uncompiled",
             "hand-written towers xla, update compiled",
         ):
