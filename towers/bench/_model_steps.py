@@ -171,16 +171,18 @@ def towers_step(
     jit_compile: bool = False,
     dataset: tf.data.Dataset | None = None,
     nonfinite: str | None = "default",
+    replicated: dict | None = None,
 ) -> Step:
     """`towers.train_step`, `Replicated` or a `ParameterServer` spread over the devices.
 
     The parameter server's variables are made in the first tower, so that its strategy
     spreads them over the tower devices (least loaded first). With a dataset, the step is
     fed by `towers.prefetch_to_devices`: each tower's shard is on its device before it
-    starts. `nonfinite` as `train_step`'s (the default checks every step).
+    starts. `nonfinite` as `train_step`'s (the default checks every step); `replicated`:
+    keyword arguments of `towers.Replicated` (its all-reduce and buckets).
     """
     if strategy == "replicated":
-        model = towers.Replicated(make_model, devices)
+        model = towers.Replicated(make_model, devices, **(replicated or {}))
         local, variable_strategy = model.local, None
     else:
         variable_strategy = towers.ParameterServer(devices)
@@ -261,6 +263,14 @@ def model_rows(
         rows["hand-written towers xla, update compiled"] = functools.partial(
             replicated, devices=devices, dataset=dataset, compile_update=True
         )
+        if len(devices) > 1:  # the exchange in fewer, larger transfers
+            for name, algorithm in (("ring", "ring"), ("reduce-broadcast", "reduce_broadcast")):
+                rows[f"towers replicated xla, {name}, 64 MiB buckets"] = functools.partial(
+                    towers_step,
+                    devices=devices,
+                    dataset=dataset,
+                    replicated=dict(all_reduce=algorithm, bucket_bytes=64 * 2**20),
+                )
         if strategy is not None and strategy.num_replicas_in_sync == 1:
             rows["mirrored xla, whole replica"] = functools.partial(
                 mirrored, strategy=strategy, dataset=dataset, whole=True
