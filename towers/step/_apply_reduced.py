@@ -17,15 +17,8 @@ from towers.step._accumulator import GradientAccumulator
 from towers.step._compiled import check_jit_compile
 from towers.step._hook_checks import checked, unique_rows
 from towers.step._loss_scale import LossScale, scale_value
-from towers.step._nonfinite import (
-    Verdict,
-    applied,
-    finite_rate,
-    judge,
-    kept_state,
-    raised,
-    resolve,
-)
+from towers.step._nonfinite import applied, finite_rate, kept_state, raised, resolve
+from towers.step._verdict import Verdict, judge
 from towers.variables import ReducedGradients
 
 GradientHook = Callable[[list, list], Sequence]

@@ -20,7 +20,6 @@ from towers.step._nonfinite import checked_loss, resolve
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
 from towers.step._tower_gradients import Variables, tower_gradients
-from towers.step._whole_step import fits_one_program, one_program
 from towers.variables import VariableStrategy, deferred_state_updates
 
 
@@ -99,10 +98,8 @@ def train_step(
       jit_compile: Compile with XLA: each tower's forward and backward pass, one program
         per tower on its device, and each device's update (a towers optimizer over that
         copy's variables, the non-finite choice inside), one program per device; the
-        reduction stays outside (see docs/compiled.md). On one device, in a `tf.function`,
-        with a one-copy `Replicated` and a towers optimizer (no hook, accumulation,
-        `LossScale` object or micro-batches), the tower and its update are one program. A
-        user's own optimizer (anything else with `apply_gradients`) runs uncompiled.
+        reduction stays outside (see docs/compiled.md). A user's own optimizer (anything else
+        with `apply_gradients`) runs uncompiled.
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
         differentiates its loss times the scale; the reduced gradients are divided by it
@@ -153,70 +150,41 @@ def train_step(
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     shards, sizes = _shards(inputs, devices, split_device)
-    micro_batches = check_micro_batches(micro_batches)
-    if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
-        raise TypeError(
-            f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
-        )
-    whole = fits_one_program(
-        strategy,
-        devices,
-        optimizer,
-        jit_compile=jit_compile,
-        gradient_hook=gradient_hook,
-        accumulate=accumulate,
-        loss_scale=loss_scale,
-        micro_batches=micro_batches,
-    )
     tower_fn = functools.partial(
         tower_gradients,
         loss_fn,
         variables,
         variable_strategy=strategy,
         loss_scale=loss_scale,
-        micro_batches=micro_batches,
+        micro_batches=check_micro_batches(micro_batches),
         merge=merge,
-        jit_compile=jit_compile and not whole,  # (inside the step's one program)
+        jit_compile=jit_compile,
     )
-    if whole:  # one device, nothing to reduce: the tower and its update as one program
-        trained = variable_list(variables, variable_strategy=strategy)  # (a Replicated's)
-        _prepare(optimizer, strategy, variables, 1)
-        loss, output, updates, verdict = one_program(
-            tower_fn,
-            shards[0],
-            devices[0],
-            strategy,
-            variables,
-            optimizer,
-            sizes=sizes,
-            loss_scale=loss_scale,
-            nonfinite=nonfinite,
-            check_some_gradient=functools.partial(_check_some_gradient, variables=trained),
+    with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
+        with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
+            per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
+        losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
+        _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
+        reduced = reduce_for(strategy, variables, tower_grads, sizes, gradient_hook)
+    _prepare(optimizer, strategy, variables, len(reduced))
+    if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
+        raise TypeError(
+            f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
         )
-        losses, outputs = [loss], [output]
-    else:
-        with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
-            with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
-                per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
-            losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
-            trained = variable_list(variables, variable_strategy=strategy)
-            _check_some_gradient(tower_grads[0], trained)
-            reduced = reduce_for(strategy, variables, tower_grads, sizes, gradient_hook)
-        _prepare(optimizer, strategy, variables, len(reduced))
-        if accumulate is not None:
-            _check_accumulation(strategy, gradient_hook)
-            accumulate.build(strategy.state_copies(variables))
-        updates, verdict = reduced_updates(
-            reduced,
-            optimizer,
-            gradient_hook,
-            loss_scale=loss_scale,
-            nonfinite=nonfinite,
-            accumulate=accumulate,
-            batch_size=_total(sizes),
-            state_updates=state_updates,
-            jit_compile=jit_compile,
-        )
+    if accumulate is not None:
+        _check_accumulation(strategy, gradient_hook)
+        accumulate.build(strategy.state_copies(variables))
+    updates, verdict = reduced_updates(
+        reduced,
+        optimizer,
+        gradient_hook,
+        loss_scale=loss_scale,
+        nonfinite=nonfinite,
+        accumulate=accumulate,
+        batch_size=_total(sizes),
+        state_updates=state_updates,
+        jit_compile=jit_compile,
+    )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)

@@ -1,0 +1,191 @@
+"""The guard's verdict: whether a step's gradients are finite, decided on the devices.
+
+`judge` checks each copy's gradients on its device and makes the verdict the copies' writes
+read: each copy's own, where the copies hold the same all-reduced gradients, or one for all
+of them. `towers.step._nonfinite` (the guard's owner) applies it.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from towers.ops.internal import device_scope, library_code
+from towers.variables import canonical_name
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether a step (or an accumulating call) is finite, and what "raise" says if not.
+
+    Attributes:
+      finite: A boolean scalar on the first copy's device; None when nothing is checked.
+      mode: "raise", "skip" or None.
+      flags: Per copy, a boolean vector: each checked value finite (for the error).
+      names: What each flag checked, in order, across the copies.
+      ranked: The positions of `names` in the variables' order (for the error).
+      copies: With local verdicts, each copy's own verdict on its device (the first is
+        `finite`); () when every copy reads `finite`.
+      devices: The copies' devices, for `at` (with `copies`).
+    """
+
+    finite: tf.Tensor | None
+    mode: str | None
+    flags: tuple = ()
+    names: tuple = ()
+    ranked: tuple = ()
+    copies: tuple = ()
+    devices: tuple = ()
+
+    @property
+    def chosen(self) -> tf.Tensor:
+        """`finite`, or True when nothing is checked."""
+        return tf.constant(True) if self.finite is None else self.finite
+
+    @library_code
+    def of(self, copy: int) -> tf.Tensor | None:
+        """The verdict copy `copy`'s writes read: its own, on its device, or the one."""
+        return self.copies[copy] if self.copies else self.finite
+
+    @library_code
+    def at(self, device: str | None) -> tf.Tensor | None:
+        """The verdict a write on `device` reads: that device's copy's, or the one."""
+        if self.copies and device:
+            spec = _spec(device)
+            for copy, on in zip(self.copies, self.devices):
+                if _spec(on) == spec:
+                    return copy
+        return self.finite
+
+
+def _spec(device: str) -> tuple:
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.job, spec.replica, spec.task, (spec.device_type or "").upper(), spec.device_index)
+
+
+@library_code
+def judge(
+    per_copy: Sequence[Sequence],
+    variables: Sequence[Sequence[tf.Variable]],
+    devices: Sequence[str | None],
+    mode: str | None,
+    rates: Callable[[int], tf.Tensor | None] | None = None,
+    elsewhere: Sequence[tf.Tensor] = (),
+    compiled: bool = False,
+    names_of: Callable[[tf.Variable], str | None] | None = None,
+    alike: bool = False,
+) -> Verdict:
+    """The step's verdict over every copy's gradients, the rate and other processes' shares.
+
+    Each copy's gradients are checked on its device, or (a copy without one: a parameter
+    server's) on their variables' devices, one XLA program per device when `compiled`.
+
+    Copies whose gradients are equal by construction (`alike`: `Replicated`'s all-reduced
+    gradients, bitwise equal on every copy, no hook between), each holding all of them on a
+    device of its own, each judge their own: every device decides from what it holds, and no
+    verdict crosses between devices. Otherwise (a parameter server, sharded state's shares,
+    other processes' shares, a hook's results) the flags meet on the first copy's device (or
+    the placer's choice) and every copy reads that one verdict, so that a hook that treats
+    copies differently cannot split them.
+
+    Args:
+      per_copy: Each copy's gradients (None: not checked).
+      variables: Each copy's variables (their checkpoint names go into the error).
+      devices: Each copy's device (None: its variables' own).
+      mode: "raise", "skip" or None (no check).
+      rates: Optional: `rates(copy)`, whether the learning rate copy `copy` reads is finite
+        (a boolean scalar, or None: nothing to check), built where it is called.
+      elsewhere: Whether gradients other processes hold are finite (boolean scalars).
+      compiled: Check each copy's gradients in one XLA program.
+      names_of: A variable's checkpoint name, or None (its name without tower scopes).
+      alike: Whether the copies' gradients are equal by construction (no hook changed them).
+    """
+    if mode is None:
+        return Verdict(None, None)
+    rates = rates or (lambda copy: None)
+    if alike and _judged_locally(per_copy, devices, elsewhere):
+        return _local(per_copy, variables, devices, mode, rates, compiled, names_of)
+    flags, names, each, order = [], [], [], []
+    for copy, (grads, copy_variables, device) in enumerate(zip(per_copy, variables, devices)):
+        for on, checked in _by_device(grads, copy_variables, device).items():
+            values = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _, _ in checked]
+            with device_scope(on):
+                flags.append(_finite_flags(values, compiled))
+                each.append(tf.reduce_all(flags[-1]))
+            names += _names(checked, names_of)
+            order += [(copy, j) for _, _, j in checked]
+    rate = rates(0)
+    others = ([rate] if rate is not None else []) + list(elsewhere)
+    names += (["the learning rate"] if rate is not None else []) + [
+        "the gradients of another worker"
+    ] * len(elsewhere)
+    order += [(len(per_copy), j) for j in range(len(others))]
+    with device_scope(next((d for d in devices if d), None)):
+        if others:
+            flags.append(tf.stack([tf.reshape(flag, []) for flag in others]))
+            each.append(tf.reduce_all(flags[-1]))
+        finite = tf.reduce_all(tf.stack(each)) if each else tf.constant(True)
+    ranked = sorted(range(len(order)), key=order.__getitem__)  # the variables' order
+    return Verdict(finite, mode, tuple(flags), tuple(names), tuple(ranked))
+
+
+def _judged_locally(per_copy: Sequence[Sequence], devices: Sequence, elsewhere: Sequence) -> bool:
+    """Whether each copy can judge alone.
+
+    Several copies, each on a device of its own, no other process's share to wait for, and
+    every copy holding the same gradients (not shares of them).
+    """
+    if len(per_copy) < 2 or elsewhere or not all(devices) or len(set(devices)) < len(devices):
+        return False
+    given = [tuple(g is not None for g in grads) for grads in per_copy]
+    return all(pattern == given[0] for pattern in given) and any(given[0])
+
+
+def _local(per_copy, variables, devices, mode, rates, compiled, names_of) -> Verdict:
+    """Each copy's verdict on its own device, from its gradients and its rate.
+
+    The error's flags and names are the first copy's (every copy's are the same).
+    """
+    copies, flags, names = [], (), []
+    for copy, (grads, copy_variables, device) in enumerate(zip(per_copy, variables, devices)):
+        pairs = enumerate(zip(grads, copy_variables))
+        checked = [(g, v, j) for j, (g, v) in pairs if g is not None]
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _, _ in checked]
+        rate = rates(copy)
+        with device_scope(device):
+            mine = [_finite_flags(values, compiled)]
+            if rate is not None:
+                mine.append(tf.reshape(rate, [1]))
+            copies.append(tf.reduce_all(tf.concat(mine, 0)))
+        if copy == 0:
+            flags = tuple(mine)
+            names = _names(checked, names_of) + (["the learning rate"] if rate is not None else [])
+    ranked = tuple(range(len(names)))  # the first copy's, in its variables' order
+    return Verdict(copies[0], mode, flags, tuple(names), ranked, tuple(copies), tuple(devices))
+
+
+def _names(checked: list, names_of: Callable | None) -> list[str]:
+    return [(names_of and names_of(v)) or canonical_name(v.name) for _, v, _ in checked]
+
+
+def _by_device(grads: Sequence, variables: Sequence, device: str | None) -> dict:
+    """The (gradient, variable, index) triples to check, by device.
+
+    The copy's device, or (None) each variable's, where its gradient was reduced.
+    """
+    found: dict[str, list] = {}
+    for j, (grad, var) in enumerate(zip(grads, variables)):
+        if grad is not None:
+            found.setdefault(device or var.device, []).append((grad, var, j))
+    return found
+
+
+def _finite_flags(values: list[tf.Tensor], compiled: bool) -> tf.Tensor:
+    """A boolean per tensor: all its values finite."""
+
+    def flags(*tensors: tf.Tensor) -> tf.Tensor:
+        return tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+    if compiled:  # the N reductions fuse into a few kernels
+        return tf.function(flags, jit_compile=True, autograph=False)(*values)
+    return flags(*values)
