@@ -55,13 +55,25 @@ def _warmed():
     return towers.schedules.LinearWarmup(2, towers.schedules.CosineDecay(0.1, 10))
 
 
-def _replicated(devices):
-    def build():
-        model = test_util.Model()
-        model(test_util.batch(1)[0])
-        return model
+def _built():
+    model = test_util.Model()
+    model(test_util.batch(1)[0])
+    return model
 
-    return towers.Replicated(build, devices)
+
+def _step(devices, optimizer, poison=None, shard_optimizer_state=False, **options):
+    """(model, step): a `Replicated` train_step, its loss times `poison` if given."""
+    model = towers.Replicated(_built, devices, shard_optimizer_state=shard_optimizer_state)
+
+    def loss_fn(batch):
+        loss = test_util.loss_fn(model.local())(batch)[0]
+        return loss if poison is None else loss * poison
+
+    @tf.function
+    def step(batch):
+        return towers.train_step(loss_fn, model, optimizer, batch, devices, **options)
+
+    return model, step
 
 
 class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
@@ -69,21 +81,9 @@ class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
     def test_each_replica_judges_its_own_gradients(self, nonfinite, jit_compile):
         """Every write of a Replicated step waits only for checks on its own device."""
         devices = test_util.devices(2)
-        model = _replicated(devices)
-        optimizer = towers.Adam(_warmed())
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                lambda b: test_util.loss_fn(model.local())(b),
-                model,
-                optimizer,
-                batch,
-                devices,
-                nonfinite=nonfinite,
-                jit_compile=jit_compile,
-            )
-
+        _, step = _step(
+            devices, towers.Adam(_warmed()), nonfinite=nonfinite, jit_compile=jit_compile
+        )
         graph = step.get_concrete_function(test_util.batch(8)).graph
         self.assertLen({_spec(op.device) for op in _checks(graph)}, 2)  # each device checks
         writes = nonfinite_test._writes(graph)
@@ -97,23 +97,10 @@ class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_a_nan_step_changes_no_replica(self):
         """Each replica skips it by its own verdict: weights, slots and counts as before."""
-        devices = test_util.devices(2)
-        model = _replicated(devices)
-        optimizer = towers.Adam(_warmed())
-        poison = tf.Variable(1.0)
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                lambda b: test_util.loss_fn(model.local())(b)[0] * poison,
-                model,
-                optimizer,
-                batch,
-                devices,
-                nonfinite="skip",
-                jit_compile=True,
-            )
-
+        optimizer, poison = towers.Adam(_warmed()), tf.Variable(1.0)
+        model, step = _step(
+            test_util.devices(2), optimizer, poison, nonfinite="skip", jit_compile=True
+        )
         step(test_util.batch(8))
         state = [v for replica in model.replicas for v in replica.variables]
         state += list(optimizer.variables)
@@ -130,27 +117,9 @@ class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_shares_of_sharded_state_still_meet_in_one_verdict(self):
         """Each copy holds its own variables' gradients only: one verdict, read by all."""
-        devices = test_util.devices(2)
-
-        def build():
-            model = test_util.Model()
-            model(test_util.batch(1)[0])
-            return model
-
-        model = towers.Replicated(build, devices, shard_optimizer_state=True)
-        optimizer = towers.Adam(0.1)
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                lambda b: test_util.loss_fn(model.local())(b),
-                model,
-                optimizer,
-                batch,
-                devices,
-                nonfinite="skip",
-            )
-
+        _, step = _step(
+            test_util.devices(2), towers.Adam(0.1), shard_optimizer_state=True, nonfinite="skip"
+        )
         graph = step.get_concrete_function(test_util.batch(8)).graph
         waits_for = _checks_waited_for(graph)
         for op in nonfinite_test._writes(graph):  # every write waits for both devices' checks
