@@ -16,6 +16,19 @@ def _weights(model):
 
 
 class PortMultiGpuModelTest(tf.test.TestCase):
+    _four = None
+
+    def _four_towers(self):
+        """The uninterrupted 4-tower run both tests compare with, made once (a trace: seconds),
+        in a test (after `setUp` set the seeds, as for each run it is compared with). How
+        often it evaluates changes no weight: evaluation neither trains nor moves BatchNorm's
+        averages, and reads its own data."""
+        if PortMultiGpuModelTest._four is None:
+            PortMultiGpuModelTest._four = digits.train(
+                test_util.devices(4), STEPS, batch_size=50, eval_every=STEPS, smooth=True
+            )
+        return PortMultiGpuModelTest._four
+
     def test_four_towers_learn_like_one(self):
         """Synchronized BatchNorm keeps the equivalence: 4 towers train the 1-tower model.
 
@@ -23,7 +36,8 @@ class PortMultiGpuModelTest(tf.test.TestCase):
         out 2.5e-3 apart in 1 run of 2, from inputs within round-off of a kink.
         """
         devices = digits.choose_devices(4)
-        four = digits.train(devices, STEPS, batch_size=50, eval_every=STEPS, smooth=True)
+        self.assertEqual(devices, test_util.devices(4))  # those of the shared run
+        four = self._four_towers()
         one = digits.train(devices[:1], STEPS, batch_size=50, eval_every=STEPS, smooth=True)
         self.assertGreater(four["accuracy"], 0.8)
         self.assertAllClose(four["accuracy"], one["accuracy"], atol=0.02)
@@ -37,8 +51,7 @@ class PortMultiGpuModelTest(tf.test.TestCase):
         """Resumed on 3 towers, as the 4 would have gone on. Smooth, as above: on the GPU
         tier the relu model's weights came out 3.6e-4 apart in 1 run of 3."""
         directory = os.path.join(self.get_temp_dir(), "run")
-        devices = test_util.devices(4)
-        whole = digits.train(devices, STEPS, batch_size=50, eval_every=10, smooth=True)
+        devices, whole = test_util.devices(4), self._four_towers()
         digits.train(
             devices,
             STEPS,

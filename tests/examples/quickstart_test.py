@@ -52,12 +52,13 @@ class QuickstartTest(tf.test.TestCase):
         """80 steps: mean of the last 10 losses within 3% (bfloat16) and 1% (float16).
 
         At learning rate 0.1 (at 0.2 this model trains at the edge of stability, where any
-        change of rounding moves the curve by 15%).
+        change of rounding moves the curve by 15%). Batches of 64: half the CPU of 128 (the
+        emulated bfloat16 kernels are slow), the same final losses to 0.3% (1.18 each).
         """
         devices = quickstart.choose_devices(4)
         final = {}
         for dtype in ("float32", "bfloat16", "float16"):
-            losses = quickstart.train(devices, 128, 80, 0.1, compute_dtype=dtype)["losses"]
+            losses = quickstart.train(devices, 64, 80, 0.1, compute_dtype=dtype)["losses"]
             final[dtype] = statistics.mean(losses[-10:])
         self.assertLess(final["float32"], 1.5)  # it did learn
         self.assertAllClose(final["bfloat16"], final["float32"], rtol=0.03)

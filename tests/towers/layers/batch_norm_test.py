@@ -120,7 +120,8 @@ def _step_fn(model, local, devices, seen):
 
 
 class SyncTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.product(k=(2, 3, 4, 8), strategy=("ps", "replicated"))
+    # 3K + 1 examples, one tower with one more: K = 2, 3 and 8 (4 took no path of its own).
+    @parameterized.product(k=(2, 3, 8), strategy=("ps", "replicated"))
     def test_equals_one_device_on_the_whole_batch(self, k, strategy):
         devices = test_util.devices(k)
         model, local, first = _setup(True, strategy, devices)

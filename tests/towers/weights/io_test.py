@@ -495,10 +495,7 @@ class AtomicSaveTest(tf.test.TestCase):
     def test_sigkill_during_saves_leaves_a_loadable_file(self):
         """A saver killed at random moments: each format still holds one whole snapshot."""
         directory = self.get_temp_dir()
-        env = {
-            **os.environ,
-            "PYTHONPATH": test_util.ROOT,
-        }
+        env = test_util.child_env()  # (tests/site on its path: the saver loads no Keras)
         rng = random.Random(0)
         interrupted = 0
         for _ in range(12):  # until a kill landed mid-save; at most 12

@@ -131,6 +131,7 @@ def _shared_jobs(directory):
         1: [
             Job("train", at("one.npz"), (5, 6)),
             Job("batch_norm", at("bn-1.npz"), (5, 6)),
+            Job("resume", at("run"), (5, 6), sharded=True, after=at("run")),  # 2 devices' "run"
         ],
     }  # fmt: skip
 
@@ -149,16 +150,20 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         for devices, processes in started.items():
             results = _wait(processes, timeout=400)
             for job in groups[devices]:
-                cls.outputs[job.out] = (job, results)
+                cls.outputs[job.mode, job.out] = (job, results)
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.shared, ignore_errors=True)
         super().tearDownClass()
 
-    def _shared_run(self, name):
-        """The path job `name` of `_shared_jobs` wrote, once both of its workers finished it."""
-        job, results = self.outputs[os.path.join(self.shared, name)]
+    def _shared_run(self, name, mode=None):
+        """The path job `name` (of `mode`, where two share it) of `_shared_jobs` wrote, once
+        both of its workers finished it."""
+        path = os.path.join(self.shared, name)
+        ((job, results),) = [
+            found for (m, out), found in self.outputs.items() if out == path and mode in (None, m)
+        ]
         for code, output in results:
             self.assertIn(f"done {job.mode} {job.out}", output, f"exit {code}: {output[-3000:]}")
         return job.out
@@ -221,8 +226,9 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_the_chiefs_checkpoint_resumes_in_one_process(self):
         """With the state sharded across workers, the chief's file holds every worker's: one
-        process (3 towers, unsharded) resumes from it, and so do 2 workers of 1 device."""
-        directory = self._shared_run("run")
+        process (3 towers, unsharded) resumes from it, and so do 2 workers of 1 device (the
+        shared cluster of 1 device, once the other wrote it)."""
+        directory = self._shared_run("run", "checkpoint")
         self.assertEqual(sorted(os.listdir(directory)).count("checkpoints.json"), 1)
         devices = test_util.devices(3)
         replicas = towers.Replicated(test_util.built_model, devices)
@@ -251,12 +257,7 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
         want = _reference([5, 6])
         for name, var in towers.named_variables(replicas).items():
             test_util.assert_allclose(var, want[name], rtol=1e-5, atol=1e-6)
-        resumed = _start_workers(
-            2, "resume", directory, "5,6", devices=1, sharded=True, poison=False
-        )
-        for code, output in _wait(resumed):
-            self.assertEqual(code, 0, output[-3000:])
-        saved = towers.read_weights(f"{directory}.final.npz")
+        saved = towers.read_weights(f"{self._shared_run('run', 'resume')}.final.npz")
         for name, var in want.items():
             test_util.assert_allclose(saved[name], var, rtol=1e-5, atol=1e-6)
 

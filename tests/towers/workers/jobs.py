@@ -14,3 +14,4 @@ class Job:
     sharded: bool = False  # the optimizer state over every worker's towers
     poison: int = -1  # the step at which worker 1's loss is NaN (-1: none)
     name: str = "end"  # the closing barrier's
+    after: str = ""  # a job of another cluster whose end this one waits for: its OUT

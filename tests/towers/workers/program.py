@@ -20,7 +20,9 @@ MODE:
   it came, to OUT.<index>.json.
 - "jobs": OUT is a JSON file listing jobs (`Job`'s fields), run one after the other in this
   one process: a cluster that several tests share (each process costs seconds to start).
-  A failing job reports to its OUT.<index>.json and ends the process.
+  A failing job reports to its OUT.<index>.json and ends the process. When every worker
+  finished a job, the chief writes OUT.done (the job's OUT): a job of another cluster with
+  `after` set to that OUT waits for it (e.g. "resume" for the checkpoint another wrote).
 
 The options of one mode come from the environment (WORKER_LOCAL_FIRST, WORKER_SHARDED,
 WORKER_POISON_STEP); a job names its own.
@@ -210,8 +212,19 @@ def _job_from_environment(mode, out, sizes):
     )
 
 
+def _wait_for(out, timeout=300):
+    """Waits until the job of another cluster that wrote `out` ended (its OUT.done)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(f"{out}.done"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{out}.done did not come in {timeout} s")
+        time.sleep(0.1)
+
+
 def _run(job):
     try:
+        if job.after:
+            _wait_for(job.after)
         main(job)
     except Exception as error:  # noqa: BLE001  (reported to the test, then a non-zero exit)
         with open(f"{job.out}.{INFO.index}.json", "w") as f:
@@ -228,6 +241,9 @@ if __name__ == "__main__":
             jobs = [Job(**fields) for fields in json.load(f)]
         for i, job in enumerate(jobs):
             _run(dataclasses.replace(job, sizes=tuple(job.sizes), name=f"end-{i}"))
+            if INFO.is_chief:  # after the job's closing barrier: every worker is done
+                with open(f"{job.out}.done", "w"):
+                    pass
             print(f"done {job.mode} {job.out}", flush=True)
     else:
         sizes = (
