@@ -188,8 +188,9 @@ class RuleTest(tf.test.TestCase, parameterized.TestCase):
 class CompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
     """`apply_gradients(..., jit_compile=True)`: one XLA program, the numpy rule's result."""
 
-    @parameterized.product(case=list(CASES), finite=[None, True])
+    @parameterized.product(case=list(CASES), finite=[None, True, False])
     def test_twenty_compiled_steps_equal_the_numpy_rule(self, case, finite):
+        """And with the verdict False, nothing moves: weights, slots and step count."""
         make, rule, kwargs = CASES[case]
         rng = np.random.default_rng(0)
         start = rng.normal(size=(3, 4)).astype(np.float32)
@@ -204,9 +205,15 @@ class CompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
         expected, state = start.astype(np.float64), {}
         for t in range(1, 21):
             grad = rng.normal(size=(3, 4)).astype(np.float32)
+            if finite is False and t == 2:  # the state as built, before any step
+                built = [v.numpy() for v in optimizer.variables]
             apply(tf.constant(grad))
-            expected = rule(expected, grad.astype(np.float64), state, t, **kwargs)
+            if finite is not False:
+                expected = rule(expected, grad.astype(np.float64), state, t, **kwargs)
         test_util.assert_allclose(var, expected, rtol=1e-5, atol=1e-6)
+        if finite is False:
+            for got, want in zip(optimizer.variables, built):
+                self.assertAllEqual(got, want)
         graph = apply.get_concrete_function(tf.constant(grad)).graph
         programs = [op for op in graph.get_operations() if "_XlaMustCompile" in op.node_def.attr]
         self.assertLen(programs, 1)
