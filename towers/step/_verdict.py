@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from towers.core import canonical_device
 from towers.ops.internal import device_scope, library_code
 from towers.variables import canonical_name
 
@@ -51,16 +52,11 @@ class Verdict:
     def at(self, device: str | None) -> tf.Tensor | None:
         """The verdict a write on `device` reads: that device's copy's, or the one."""
         if self.copies and device:
-            spec = _spec(device)
+            name = canonical_device(device)
             for copy, on in zip(self.copies, self.devices):
-                if _spec(on) == spec:
+                if canonical_device(on) == name:
                     return copy
         return self.finite
-
-
-def _spec(device: str) -> tuple:
-    spec = tf.DeviceSpec.from_string(device)
-    return (spec.job, spec.replica, spec.task, (spec.device_type or "").upper(), spec.device_index)
 
 
 @library_code
@@ -148,8 +144,7 @@ def _local(per_copy, variables, devices, mode, rates, compiled, names_of) -> Ver
     """
     copies, flags, names = [], (), []
     for copy, (grads, copy_variables, device) in enumerate(zip(per_copy, variables, devices)):
-        pairs = enumerate(zip(grads, copy_variables))
-        checked = [(g, v, j) for j, (g, v) in pairs if g is not None]
+        (checked,) = _by_device(grads, copy_variables, device).values()  # (all on `device`)
         values = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _, _ in checked]
         rate = rates(copy)
         with device_scope(device):
