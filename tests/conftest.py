@@ -5,6 +5,10 @@ imports no TensorFlow: TensorFlow 2.21 logs a few lines before its log level app
 the controller, unlike a worker, would show.
 """
 
+import gc
+
+import pytest
+
 
 def pytest_configure(config):
     """Sets the process up, except in an xdist controller."""
@@ -37,3 +41,26 @@ def pytest_collection_modifyitems(items):
         return next((i for i, p in enumerate(_LONG_FIRST) if path.startswith(p)), len(_LONG_FIRST))
 
     items.sort(key=rank)  # stable: within a rank, the collection order
+
+
+# Tests whose tf.data iterators end up in reference cycles (a `tf.function` that captured one,
+# a snippet's namespace). TensorFlow 2.21 destroys an iterator by waiting for its autotuning
+# thread, and with several such iterators waiting for collection, one later collection was
+# seen to stall a test for 14-187 s with no CPU used (gdb: `RootDataset::Iterator::~Iterator`
+# waiting on the model thread's `Model::OptimizeLoop`). Collected right after the test that
+# made them, they go in well under a second.
+_MAKE_PIPELINES = (
+    "tests/docs/",
+    "tests/examples/",
+    "tests/towers/data/",
+    "tests/towers/checkpoints/iterator_state_test.py",
+    "tests/towers/progress/evaluate_test.py",
+)
+
+
+@pytest.fixture(autouse=True)
+def _collect_pipelines(request):
+    """Collects a pipeline-making test's garbage as it ends (see `_MAKE_PIPELINES`)."""
+    yield
+    if request.node.nodeid.startswith(_MAKE_PIPELINES):
+        gc.collect()
