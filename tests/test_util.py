@@ -6,7 +6,11 @@ quieted (errors stay), and one CPU split into 8 logical devices.
 
 Two tiers, chosen by the environment variable `TOWERS_TEST_KIND`:
 - "CPU" (the default): the towers run on the logical CPUs; GPUs are hidden from this process
-  and from every process it starts, so the suite runs alike on a machine with GPUs.
+  and from every process it starts, so the suite runs alike on a machine with GPUs. Grappler's
+  constant folding is off in this process (a sixth of the CPU time of the step tests, no
+  change to what runs: the same kernels compute the same values, at run time), as in the worker
+  programs that import this module; the GPU tier keeps TensorFlow's defaults, and so do the
+  processes tests start that do not (the benchmark, the examples, the launcher's scripts).
 - "GPU": the towers run on 8 logical GPUs split from the first GPU (`TOWERS_TEST_GPU_MB` MiB
   each, default 1024), beside the 8 logical CPUs; TensorFloat-32 is off (the suite asserts
   float32 exactness) and soft placement too, so an op without a GPU kernel placed on a GPU
@@ -66,6 +70,8 @@ with _quiet_start():
     NUM_DEVICES = int(os.environ.get("TOWERS_TEST_DEVICES", "8"))  # workers of a test: fewer
     tf.get_logger().setLevel("ERROR")
     towers.simulate_devices(NUM_DEVICES)
+    if KIND == "CPU":  # Grappler's constant folding: a sixth of the step tests' CPU (BUILD.md)
+        tf.config.optimizer.set_experimental_options({"constant_folding": False})
     if KIND == "GPU":
         tf.config.experimental.enable_tensor_float_32_execution(False)
         tf.config.set_soft_device_placement(False)
