@@ -265,21 +265,20 @@ class TrainTest(tf.test.TestCase, parameterized.TestCase):
 class OwnClusterTest(tf.test.TestCase):
     """Clusters of their own (a size or a start of their own), beside `TrainTest`'s."""
 
-    def test_three_workers_train_like_one_process(self):
-        """As `TrainTest`'s, with 3 workers: hierarchical sums, the state sharded over 6 towers."""
-        path = os.path.join(self.get_temp_dir(), "weights.npz")
-        started = _start_workers(3, "train", path, "4,3,6", local_first=True, sharded=True)
-        for code, output in _wait(started):
-            self.assertEqual(code, 0, output[-3000:])
-        _assert_trained(towers.read_weights(path), [4, 3, 6], sharded=True)
-
-    def test_the_launcher_runs_them(self):
+    def test_the_launcher_runs_three_workers_that_train_like_one_process(self):
+        """As `TrainTest`'s, with 3 workers `towers.launch` starts: hierarchical sums, the
+        state sharded over 6 towers. (One cluster for both: 3 processes, not 5.)"""
         path = os.path.join(self.get_temp_dir(), "launched.npz")
         script = os.path.join(ROOT, "tests", "towers", "workers", "program.py")
-        env = test_util.child_env()
-        code = launch.launch([script, "train", path, "5,6"], 2, timeout_seconds=120, env=env)
+        env = test_util.child_env(
+            WORKER_DEVICES="2",
+            WORKER_LOCAL_FIRST="1",
+            WORKER_SHARDED="1",
+            WORKER_POISON_STEP=str(POISONED),  # sharded state's NaN step (see `_start`)
+        )
+        code = launch.launch([script, "train", path, "4,3,6"], 3, timeout_seconds=120, env=env)
         self.assertEqual(code, 0)
-        _assert_trained(towers.read_weights(path), [5, 6], sharded=False)
+        _assert_trained(towers.read_weights(path), [4, 3, 6], sharded=True)
 
 
 class AloneTest(tf.test.TestCase):
