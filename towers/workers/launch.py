@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -40,10 +41,16 @@ NETWORKS = ("auto", "private", "host")
 
 
 def free_ports(n: int) -> list[int]:
-    """Picks `n` distinct free TCP ports on 127.0.0.1.
+    """Picks `n` distinct free TCP ports on 127.0.0.1, below the kernel's ephemeral range.
 
-    Every socket stays bound until all ports are read, so the ports differ; another process may
-    still take one before a worker binds it.
+    A port the kernel hands out (`bind(("", 0))`) lies in its ephemeral range, which every
+    outgoing connection of every process on the machine draws from: between the pick and the
+    worker's own `bind`, one may take it (the worker then fails, its port in use; the likely
+    cause of a rendezvous test's timeout on a machine running 14 test processes). So on
+    Linux the ports are drawn at random below `/proc/sys/net/ipv4/ip_local_port_range` (from
+    10000), each checked free; elsewhere, or when that range leaves no room, the kernel picks.
+    Every socket stays bound until all ports are read, so the ports differ; another process
+    may still listen on one before a worker binds it (its error then names the port).
 
     Args:
       n: How many ports, >= 1.
@@ -56,10 +63,35 @@ def free_ports(n: int) -> list[int]:
     """
     _check_int("n", n, minimum=1)
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for sock in sockets:
+        ports: list[int] = []
+        candidates = _below_ephemeral()
+        while len(ports) < n and candidates:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", candidates.pop()))
+            except OSError:
+                continue
+            ports.append(sock.getsockname()[1])
+        while len(ports) < n:  # (no room below the range: the kernel picks)
+            sock = stack.enter_context(socket.socket())
             sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+_LOWEST_PORT = 10000  # (below: well-known and registered services' ports)
+
+
+def _below_ephemeral(tries: int = 64) -> list[int]:
+    """Up to `tries` random ports between 10000 and the ephemeral range ([] if unknown)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    if low - _LOWEST_PORT < tries:
+        return []
+    return random.SystemRandom().sample(range(_LOWEST_PORT, low), tries)
 
 
 def tf_config(ports: Sequence[int], index: int) -> str:

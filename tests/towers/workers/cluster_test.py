@@ -4,7 +4,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,13 +26,7 @@ ROOT = test_util.ROOT
 
 
 def _ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    return launch.free_ports(n)
 
 
 def _start_workers(n, *args, devices=2, local_first=True, sharded=False, poison=None):

@@ -10,11 +10,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from unittest import mock
 
 from absl import flags
 from absl.testing import absltest
@@ -308,6 +310,19 @@ class PortsAndConfigTest(absltest.TestCase):
         ports = launch.free_ports(8)
         self.assertLen(set(ports), 8)
         self.assertTrue(all(0 < port < 65536 for port in ports))
+
+    def test_free_ports_lie_below_the_ephemeral_range(self):
+        """No process's outgoing connection can take one before a worker binds it."""
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+        self.assertTrue(all(10000 <= port < low for port in launch.free_ports(8)))
+        with mock.patch.object(launch, "_below_ephemeral", return_value=[]):  # no room: kernel
+            self.assertTrue(all(port >= low for port in launch.free_ports(3)))
+        with socket.socket() as taken:  # a port in use below the range is passed over
+            taken.bind(("127.0.0.1", 0))
+            busy = taken.getsockname()[1]
+            with mock.patch.object(launch, "_below_ephemeral", return_value=[low - 1, busy]):
+                self.assertEqual(launch.free_ports(1), [low - 1])
 
     def test_tf_config_follows_tensorflow(self):
         self.assertEqual(

@@ -14,7 +14,7 @@ from absl import logging
 from absl.testing import absltest, parameterized
 
 from tests import test_util
-from towers.workers import _rendezvous
+from towers.workers import _rendezvous, launch
 
 # One worker: it joins with a short start-up timeout and prints what came of it.
 JOIN = """
@@ -31,13 +31,7 @@ print(json.dumps({"error": None}), flush=True)
 
 
 def _cluster(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
-    for s in sockets:
-        s.close()
-    return addresses
+    return [f"127.0.0.1:{port}" for port in launch.free_ports(n)]
 
 
 def _join(cluster, index, timeout_seconds):
@@ -98,9 +92,9 @@ class StartupTest(parameterized.TestCase):
         first = _join(cluster, 0, 120)
         time.sleep(3)  # worker 0 waits for worker 1 meanwhile
         second = _join(cluster, 1, 120)
-        for process in (first, second):
-            report, err = _outcome(process, limit=150)
-            self.assertIsNone(report["error"], f"{report} {err[-2000:]}")
+        outcomes = [_outcome(process, limit=150) for process in (first, second)]
+        for report, _ in outcomes:  # (on a failure, both workers' reports: which one failed)
+            self.assertIsNone(report["error"], "\n".join(f"{r} {e[-1500:]}" for r, e in outcomes))
 
     def test_a_port_in_use_is_named(self):
         cluster = _cluster(2)
