@@ -21,7 +21,6 @@ import contextlib
 import functools
 import json
 import os
-import random
 import socket
 import sys
 import threading
@@ -31,9 +30,10 @@ from typing import TextIO
 from absl import app, flags
 
 if __package__:
-    from towers.workers import _guard, _processes
+    from towers.workers import _guard, _ports, _processes
 else:  # run as a file (`python launch.py`): no package, so no TensorFlow; its folder is on the path
     import _guard
+    import _ports
     import _processes
 
 TIMEOUT_EXIT_CODE = _processes.TIMEOUT_EXIT_CODE
@@ -64,7 +64,7 @@ def free_ports(n: int) -> list[int]:
     _check_int("n", n, minimum=1)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
-        candidates = _below_ephemeral()
+        candidates = _ports.below_ephemeral()
         while len(ports) < n and candidates:
             sock = stack.enter_context(socket.socket())
             try:
@@ -77,21 +77,6 @@ def free_ports(n: int) -> list[int]:
             sock.bind(("127.0.0.1", 0))
             ports.append(sock.getsockname()[1])
         return ports
-
-
-_LOWEST_PORT = 10000  # (below: well-known and registered services' ports)
-
-
-def _below_ephemeral(tries: int = 64) -> list[int]:
-    """Up to `tries` random ports between 10000 and the ephemeral range ([] if unknown)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return []
-    if low - _LOWEST_PORT < tries:
-        return []
-    return random.SystemRandom().sample(range(_LOWEST_PORT, low), tries)
 
 
 def tf_config(ports: Sequence[int], index: int) -> str:

@@ -316,12 +316,14 @@ class PortsAndConfigTest(absltest.TestCase):
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
         self.assertTrue(all(10000 <= port < low for port in launch.free_ports(8)))
-        with mock.patch.object(launch, "_below_ephemeral", return_value=[]):  # no room: kernel
+        with mock.patch.object(
+            launch._ports, "below_ephemeral", return_value=[]
+        ):  # no room: kernel
             self.assertTrue(all(port >= low for port in launch.free_ports(3)))
         with socket.socket() as taken:  # a port in use below the range is passed over
             taken.bind(("127.0.0.1", 0))
             busy = taken.getsockname()[1]
-            with mock.patch.object(launch, "_below_ephemeral", return_value=[low - 1, busy]):
+            with mock.patch.object(launch._ports, "below_ephemeral", return_value=[low - 1, busy]):
                 self.assertEqual(launch.free_ports(1), [low - 1])
 
     def test_tf_config_follows_tensorflow(self):
