@@ -11,8 +11,9 @@ Two tiers, chosen by the environment variable `TOWERS_TEST_KIND`:
   change to what runs: the same kernels compute the same values, at run time), as in the worker
   programs that import this module; the GPU tier keeps TensorFlow's defaults, and so do the
   processes tests start that do not (the benchmark, the examples, the launcher's scripts).
-  XLA compiles its CPU programs without LLVM's optimization passes (`XLA_FLAGS`, inherited by
-  every process a test starts): the same programs, compiled faster.
+  XLA compiles its CPU programs without LLVM's optimization passes (`XLA_FLAGS`), and each op
+  runs on one thread (`TF_NUM_INTRAOP_THREADS=1`; the ops of a step still run side by side),
+  both inherited by every process a test starts: the same programs, less CPU time.
 - "GPU": the towers run on 8 logical GPUs split from the first GPU (`TOWERS_TEST_GPU_MB` MiB
   each, default 1024), beside the 8 logical CPUs; TensorFloat-32 is off (the suite asserts
   float32 exactness) and soft placement too, so an op without a GPU kernel placed on a GPU
@@ -37,6 +38,10 @@ if KIND == "CPU":
     _XLA_FLAG = "--xla_backend_optimization_level=0"
     if _XLA_FLAG not in os.environ.get("XLA_FLAGS", "").split():
         os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), _XLA_FLAG]))
+    # One thread per op (TensorFlow's intra-op pool): on this 2-core machine two test processes
+    # and the processes they start share the cores, and a pool of threads that spin while they
+    # wait for work only burns them (a sixth of the CPU time of the step tests).
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's
 SITE = os.path.join(ROOT, "tests", "site")  # sitecustomize: Keras loads in a process that uses it
 if SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):  # for every process from here
