@@ -25,10 +25,6 @@ ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError", "Cancelle
 ROOT = test_util.ROOT
 
 
-def _ports(n):
-    return launch.free_ports(n)
-
-
 def _start_workers(n, *args, devices=2, local_first=True, sharded=False, poison=None):
     """Starts `n` workers (`tests.towers.workers.program`) with their TF_CONFIG; the processes."""
     return _start(n, args, devices, local_first, sharded, poison)
@@ -42,7 +38,7 @@ def _start_jobs(n, jobs, path, devices):
 
 
 def _start(n, args, devices, local_first, sharded, poison):
-    cluster = [f"127.0.0.1:{p}" for p in _ports(n)]
+    cluster = [f"127.0.0.1:{p}" for p in launch.free_ports(n)]
     processes = []
     for i in range(n):
         config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}
