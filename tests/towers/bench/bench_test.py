@@ -211,9 +211,11 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
             self.assertGreater(inside, 0)
             self.assertGreater(rest, 0)
             self.assertGreaterEqual(float(row["waits op ms"]), 0)
-            self.assertAllClose(
-                float(row["rest %"]), 100 * rest / (inside + rest), rtol=0.02, atol=0.1
-            )
+            # The share is of the unrounded times; the table prints each to 0.01 ms (a rest of
+            # 0.08 ms is 0.075-0.085), so the share lies within what the printed times allow.
+            low = 100 * (rest - 0.005) / (inside + rest)
+            high = 100 * (rest + 0.005) / (inside + rest)
+            self.assertBetween(float(row["rest %"]), low - 0.005, high + 0.005)
         # Outside the towers: at least an add and an update per variable (4 in the MLP), per
         # copy for the replicated one (2).
         self.assertGreaterEqual(int(rows["hand-written towers"]["rest ops"]), 8)
