@@ -120,3 +120,15 @@ def _loss_and_outputs(result: Any) -> tuple[tf.Tensor, Any]:
             "with tf.reduce_mean."
         )
     return loss, outputs
+
+
+@library_code
+def check_some_gradient(grads: list, variables: list[tf.Variable]) -> None:
+    """Refuses a step in which no variable gets a gradient: it would do nothing, silently."""
+    if all(g is None for g in grads):
+        names = [v.name for v in variables]
+        raise ValueError(
+            f"No variable gets a gradient from the loss: {names}. The loss must be computed "
+            "from the trained variables (not from a copy, a constant or under "
+            "tf.stop_gradient); check that `loss_fn` calls the model it is given."
+        )

@@ -17,9 +17,10 @@ from towers.step._compiled import check_jit_compile
 from towers.step._loss_scale import LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
 from towers.step._nonfinite import checked_loss, resolve
+from towers.step._one_program import fits_one_program, one_program_step
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
-from towers.step._tower_gradients import Variables, tower_gradients
+from towers.step._tower_gradients import Variables, check_some_gradient, tower_gradients
 from towers.variables import VariableStrategy, deferred_state_updates
 
 
@@ -98,8 +99,11 @@ def train_step(
       jit_compile: Compile with XLA: each tower's forward and backward pass, one program
         per tower on its device, and each device's update (a towers optimizer over that
         copy's variables, the non-finite choice inside), one program per device; the
-        reduction stays outside (see docs/compiled.md). A user's own optimizer (anything else
-        with `apply_gradients`) runs uncompiled.
+        reduction stays outside (see docs/compiled.md). On one device, with nothing that
+        needs the two (a hook, a loss scale, `accumulate`, micro-batches, sharded state,
+        workers, variables off the device), the tower, the verdict and the update are one
+        program. A user's own optimizer (anything else with `apply_gradients`) runs
+        uncompiled.
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
         differentiates its loss times the scale; the reduced gradients are divided by it
@@ -150,6 +154,33 @@ def train_step(
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     shards, sizes = _shards(inputs, devices, split_device)
+    if fits_one_program(
+        strategy,
+        variables,
+        devices,
+        optimizer,
+        jit_compile=jit_compile,
+        hooked=gradient_hook is not None,
+        scaled=loss_scale is not None,
+        accumulating=accumulate is not None,
+        micro_batches=check_micro_batches(micro_batches),
+    ):  # one tower, nothing to reduce: the tower, the guard and the update in one program
+        _prepare(optimizer, strategy, variables, 1)
+        loss, outputs, updates, verdict = one_program_step(
+            loss_fn,
+            variables,
+            optimizer,
+            shards[0],
+            sizes[0],
+            devices[0],
+            strategy=strategy,
+            nonfinite=nonfinite,
+            merge=merge,
+        )
+        loss = ops.merge_outputs([loss], "mean", weights=sizes, device=merge_device)
+        if outputs is not None:
+            outputs = ops.merge_outputs([outputs], merge, weights=sizes, device=merge_device)
+        return checked_loss(verdict, updates, loss, outputs), outputs
     tower_fn = functools.partial(
         tower_gradients,
         loss_fn,
@@ -164,7 +195,7 @@ def train_step(
         with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
             per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
         losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
-        _check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
+        check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
         reduced = reduce_for(strategy, variables, tower_grads, sizes, gradient_hook)
     _prepare(optimizer, strategy, variables, len(reduced))
     if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
@@ -243,15 +274,3 @@ def _prepare(
         except ValueError:
             return
         optimizer.build(copies)
-
-
-@library_code
-def _check_some_gradient(grads: list, variables: list[tf.Variable]) -> None:
-    """Refuses a step in which no variable gets a gradient: it would do nothing, silently."""
-    if all(g is None for g in grads):
-        names = [v.name for v in variables]
-        raise ValueError(
-            f"No variable gets a gradient from the loss: {names}. The loss must be computed "
-            "from the trained variables (not from a copy, a constant or under "
-            "tf.stop_gradient); check that `loss_fn` calls the model it is given."
-        )
