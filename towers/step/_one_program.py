@@ -11,7 +11,8 @@ programs, on the H200).
 Where the step needs what cannot be inside one program, it keeps the two: a gradient hook
 (user code: it may log or summarize), a loss scale (its state on the host), accumulation (its
 `tf.cond` on the call count), micro-batches, sharded state, other workers, a user's own
-optimizer, or trained variables off the tower's device (a parameter server's on the CPU).
+optimizer, a strategy of the user's (its `reduce_gradients` may change the gradients even
+for one tower), or trained variables off the tower's device (a parameter server's on the CPU).
 """
 
 import dataclasses
@@ -27,7 +28,13 @@ from towers.step._apply_reduced import reduced_updates
 from towers.step._tower_builder import replicate
 from towers.step._tower_gradients import check_some_gradient, tower_gradients
 from towers.step._verdict import Verdict
-from towers.variables import ReducedGradients, VariableStrategy, deferred_state_updates
+from towers.variables import (
+    ParameterServer,
+    ReducedGradients,
+    Replicated,
+    VariableStrategy,
+    deferred_state_updates,
+)
 from towers.workers import current_workers
 
 
@@ -48,6 +55,8 @@ def fits_one_program(
         return False
     if micro_batches != 1 or not isinstance(optimizer, Optimizer):
         return False
+    if type(strategy) not in (Replicated, ParameterServer):  # whose one-tower reduction is
+        return False  # the gradients as they are; a strategy of the user's reduces as it says
     if strategy.shard_optimizer_state or current_workers().num_workers != 1:
         return False
     try:

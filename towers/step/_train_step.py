@@ -101,9 +101,9 @@ def train_step(
         copy's variables, the non-finite choice inside), one program per device; the
         reduction stays outside (see docs/compiled.md). On one device, with nothing that
         needs the two (a hook, a loss scale, `accumulate`, micro-batches, sharded state,
-        workers, variables off the device), the tower, the verdict and the update are one
-        program. A user's own optimizer (anything else with `apply_gradients`) runs
-        uncompiled.
+        workers, a strategy of your own, variables off the device), the tower, the verdict
+        and the update are one program. A user's own optimizer (anything else with
+        `apply_gradients`) runs uncompiled.
       loss_scale: For half-precision compute: a number (a fixed scale), a `towers.LossScale`
         (fixed, counting skipped steps) or a `towers.DynamicLossScale`. Each tower
         differentiates its loss times the scale; the reduced gradients are divided by it

@@ -4,6 +4,8 @@ Before (issue #32): two programs, the tower's and the update's, with the verdict
 between them (1.09x the whole step compiled on one device, on the H200).
 """
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -130,14 +132,20 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
             for got, want in zip(session.run(state), before):
                 self.assertAllEqual(got, want)
 
-    @parameterized.parameters("hook", "loss_scale", "two_towers", "variables_elsewhere", "keras")
+    @parameterized.parameters(
+        "hook", "loss_scale", "two_towers", "variables_elsewhere", "keras", "own_strategy"
+    )
     def test_what_needs_two_programs_keeps_them(self, case):
-        """A hook (user code), a loss scale, several towers, variables off the tower's device
-        or a user's own optimizer: the tower's program, then the update's."""
+        """A hook (user code), a loss scale, several towers, variables off the tower's device,
+        a user's own optimizer or strategy (whose reduction may change the gradients of one
+        tower too): the tower's program, then the update's."""
         devices = test_util.devices(2 if case == "two_towers" else 1)
         if case == "variables_elsewhere":
             model = test_util.built_model()  # a parameter server on the CPU, towers on CPU:1
             devices, local = test_util.devices(2)[1:], lambda: model
+        elif case == "own_strategy":
+            model = test_util.built_model()
+            local = lambda: model  # noqa: E731
         else:
             model, local, _ = _replicated(devices)
         optimizer = tf.keras.optimizers.SGD(0.1) if case == "keras" else towers.SGD(0.1)
@@ -155,6 +163,7 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
                 batch,
                 devices,
                 jit_compile=True,
+                variable_strategy=_Halved() if case == "own_strategy" else None,
                 **options,
             )
 
@@ -163,6 +172,34 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
         self.assertGreater(len(programs), 1)  # (the verdict's check, at least)
         if case != "keras":  # (a user's optimizer runs uncompiled)
             self.assertIn("__inference_update", programs)
+        if case == "own_strategy":  # its reduction ran: half the step of SGD on the gradients
+            start = [v.numpy() for v in model.trainable_variables]
+            step(test_util.batch(11))
+            reference = test_util.built_model()
+            test_util.reference_step(reference, test_util.loss_fn(reference), 0.05)(
+                test_util.batch(11)
+            )
+            trained = model.trainable_variables
+            self.assertTrue(any(not np.array_equal(v.numpy(), w) for v, w in zip(trained, start)))
+            for got, want in zip(trained, reference.trainable_variables):
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _Halved(towers.ParameterServer):
+    """A user's strategy: the parameter server's reduction, then the gradients halved."""
+
+    def __init__(self):
+        super().__init__(test_util.devices(1))
+
+    def reduce_gradients(self, model, tower_grads, sizes, **options):
+        reduced = super().reduce_gradients(model, tower_grads, sizes, **options)
+        return [dataclasses.replace(copy, grads=[_half(g) for g in copy.grads]) for copy in reduced]
+
+
+def _half(grad):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * 0.5, grad.indices, grad.dense_shape)
+    return None if grad is None else grad * 0.5
 
 
 if __name__ == "__main__":
