@@ -135,9 +135,9 @@ class CompiledTower:
                 "outside the tower and pass it in, or use jit_compile=False."
             )
         externals = {id(external) for external, _ in concrete.graph.captures}
-        remote = {}
+        remote, here = {}, local_device(self.tower.device)
         for var in concrete.graph.variables:  # captured by their handles (eager, or v1's)
-            if _local(var.device) != _local(self.tower.device) and id(var.handle) in externals:
+            if local_device(var.device) != here and id(var.handle) in externals:
                 remote[id(var.handle)] = var
         if remote and not hasattr(concrete, "set_external_captures"):
             raise ValueError(  # TensorFlow 2.16 to 2.21 have it
@@ -200,7 +200,7 @@ def _written(placeholder: tf.Tensor | None) -> bool:
     return any(consumer.type not in _READS for consumer in placeholder.consumers())
 
 
-def _local(device: str) -> str:
+def local_device(device: str) -> str:
     """A device without job, replica and task ("" stays "": placed by TensorFlow)."""
     if not device:
         return ""

@@ -21,10 +21,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.core import canonical_device, current_tower
+from towers.core import current_tower
 from towers.ops.internal import library_code, update_ops
 from towers.optimizers import AppliesGradients, Optimizer
 from towers.step._apply_reduced import reduced_updates
+from towers.step._compiled import local_device
 from towers.step._tower_builder import replicate
 from towers.step._tower_gradients import check_some_gradient, tower_gradients
 from towers.step._verdict import Verdict
@@ -63,14 +64,8 @@ def fits_one_program(
         trained = strategy.tower_variables(variables, None)
     except ValueError:  # none yet (a model that builds its variables when first called)
         return False
-    device = _on(devices[0])
-    return bool(trained) and all(_on(var.device) == device for var in trained)
-
-
-def _on(device: str) -> tuple:
-    """A device's type and index (its job and task are this process's)."""
-    spec = tf.DeviceSpec.from_string(canonical_device(device) if device else "")
-    return spec.device_type, spec.device_index
+    device = local_device(devices[0])
+    return bool(trained) and all(local_device(var.device) == device for var in trained)
 
 
 @library_code

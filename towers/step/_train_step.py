@@ -154,6 +154,7 @@ def train_step(
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
     shards, sizes = _shards(inputs, devices, split_device)
+    micro_batches = check_micro_batches(micro_batches)
     if fits_one_program(
         strategy,
         variables,
@@ -163,10 +164,10 @@ def train_step(
         hooked=gradient_hook is not None,
         scaled=loss_scale is not None,
         accumulating=accumulate is not None,
-        micro_batches=check_micro_batches(micro_batches),
+        micro_batches=micro_batches,
     ):  # one tower, nothing to reduce: the tower, the guard and the update in one program
         _prepare(optimizer, strategy, variables, 1)
-        loss, outputs, updates, verdict = one_program_step(
+        loss, output, updates, verdict = one_program_step(
             loss_fn,
             variables,
             optimizer,
@@ -177,45 +178,45 @@ def train_step(
             nonfinite=nonfinite,
             merge=merge,
         )
-        loss = ops.merge_outputs([loss], "mean", weights=sizes, device=merge_device)
-        if outputs is not None:
-            outputs = ops.merge_outputs([outputs], merge, weights=sizes, device=merge_device)
-        return checked_loss(verdict, updates, loss, outputs), outputs
-    tower_fn = functools.partial(
-        tower_gradients,
-        loss_fn,
-        variables,
-        variable_strategy=strategy,
-        loss_scale=loss_scale,
-        micro_batches=check_micro_batches(micro_batches),
-        merge=merge,
-        jit_compile=jit_compile,
-    )
-    with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, one chain
-        with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
-            per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
-        losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
-        check_some_gradient(tower_grads[0], variable_list(variables, variable_strategy=strategy))
-        reduced = reduce_for(strategy, variables, tower_grads, sizes, gradient_hook)
-    _prepare(optimizer, strategy, variables, len(reduced))
-    if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
-        raise TypeError(
-            f"`accumulate` must be a towers.GradientAccumulator; got {type(accumulate).__name__}."
+        losses, outputs = [loss], [output]
+    else:
+        tower_fn = functools.partial(
+            tower_gradients,
+            loss_fn,
+            variables,
+            variable_strategy=strategy,
+            loss_scale=loss_scale,
+            micro_batches=micro_batches,
+            merge=merge,
+            jit_compile=jit_compile,
         )
-    if accumulate is not None:
-        _check_accumulation(strategy, gradient_hook)
-        accumulate.build(strategy.state_copies(variables))
-    updates, verdict = reduced_updates(
-        reduced,
-        optimizer,
-        gradient_hook,
-        loss_scale=loss_scale,
-        nonfinite=nonfinite,
-        accumulate=accumulate,
-        batch_size=_total(sizes),
-        state_updates=state_updates,
-        jit_compile=jit_compile,
-    )
+        with ops.collective_order():  # v1 graphs: the step's exchanges and all-reduces, in order
+            with deferred_state_updates() as state_updates:  # (BatchNorm's): to the verdict
+                per_tower = replicate(tower_fn, shards, devices, variable_strategy=strategy)
+            losses, outputs, tower_grads = (list(column) for column in zip(*per_tower))
+            trained = variable_list(variables, variable_strategy=strategy)
+            check_some_gradient(tower_grads[0], trained)
+            reduced = reduce_for(strategy, variables, tower_grads, sizes, gradient_hook)
+        _prepare(optimizer, strategy, variables, len(reduced))
+        if accumulate is not None and not isinstance(accumulate, GradientAccumulator):
+            raise TypeError(
+                "`accumulate` must be a towers.GradientAccumulator; got "
+                f"{type(accumulate).__name__}."
+            )
+        if accumulate is not None:
+            _check_accumulation(strategy, gradient_hook)
+            accumulate.build(strategy.state_copies(variables))
+        updates, verdict = reduced_updates(
+            reduced,
+            optimizer,
+            gradient_hook,
+            loss_scale=loss_scale,
+            nonfinite=nonfinite,
+            accumulate=accumulate,
+            batch_size=_total(sizes),
+            state_updates=state_updates,
+            jit_compile=jit_compile,
+        )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)

@@ -38,6 +38,24 @@ def _replicated(devices):
     return model, model.local, model.replicas[0]
 
 
+def _compiled_step(model, local, optimizer, devices, **options):
+    """`train_step(..., jit_compile=True)` on the shared model's loss, in `tf.function`."""
+
+    @tf.function
+    def step(batch):
+        return towers.train_step(
+            lambda b: test_util.loss_fn(local())(b),
+            model,
+            optimizer,
+            batch,
+            devices,
+            jit_compile=True,
+            **options,
+        )
+
+    return step
+
+
 class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.product(case=["momentum", "adam", "lamb"], strategy=["ps", "replicated"])
     def test_equals_the_hand_written_step_as_one_program(self, case, strategy):
@@ -50,18 +68,7 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
             model = trained = test_util.built_model()
             local = lambda: model  # noqa: E731
         optimizer = rules_test.CASES[case][0]()
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                lambda b: test_util.loss_fn(local())(b),
-                model,
-                optimizer,
-                batch,
-                devices,
-                jit_compile=True,
-            )
-
+        step = _compiled_step(model, local, optimizer, devices)
         graph = step.get_concrete_function(test_util.batch(11)).graph
         self.assertEqual(_programs(graph), ["__inference__body"])
         for i in range(rules_test.STEPS):
@@ -152,21 +159,9 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
         options = {
             "hook": {"gradient_hook": lambda grads, variables: grads},
             "loss_scale": {"loss_scale": 8.0},
+            "own_strategy": {"variable_strategy": _Halved()},
         }.get(case, {})
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(
-                lambda b: test_util.loss_fn(local())(b),
-                model,
-                optimizer,
-                batch,
-                devices,
-                jit_compile=True,
-                variable_strategy=_Halved() if case == "own_strategy" else None,
-                **options,
-            )
-
+        step = _compiled_step(model, local, optimizer, devices, **options)
         programs = _programs(step.get_concrete_function(test_util.batch(11)).graph)
         self.assertIn("__inference__body", programs)
         self.assertGreater(len(programs), 1)  # (the verdict's check, at least)
