@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import os
 import pathlib
 import re
 import sys
@@ -590,5 +591,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: no INFO noise
     sys.path.insert(0, str(ROOT))  # the checkout's `towers`, when it is not installed
     sys.exit(main(sys.argv[1:]))

@@ -155,11 +155,13 @@ def raised(verdict: Verdict, after: Sequence[Any]) -> list:
             tf.debugging.Assert(
                 verdict.finite,
                 [
-                    "towers: a NaN or Inf in this step's gradients (or learning rate), for",
+                    # No quote marks: Assert prints its strings C-escaped (an apostrophe as \').
+                    "towers: a NaN or Inf in the gradients of this step (or in the learning "
+                    "rate), for",
                     bad,
                     "(checkpoint names, the first first). The step changed nothing: weights, "
                     "optimizer state, moving averages and accumulated sums are as before it. "
-                    "Pass nonfinite='skip' (or a loss scale) to skip such steps.",
+                    "To skip such steps instead, pass nonfinite as skip (or a loss scale).",
                 ],
                 summarize=20,
             )

@@ -234,6 +234,9 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, NAMES) as raised:
             step(tf.constant(good))
         _assert_alone(self, raised.exception)
+        towers_part = raised.exception.message.split("towers:", 1)[1].split("\n", 1)[0]
+        self.assertIn("a NaN or Inf in the gradients of this step", towers_part)
+        self.assertNotIn("\\", towers_part)  # printed as written: nothing C-escaped
 
     @parameterized.parameters(
         *((case, False) for case in rules_test.CASES),
