@@ -44,23 +44,28 @@ def pytest_collection_modifyitems(items):
 
 
 # Tests whose tf.data iterators end up in reference cycles (a `tf.function` that captured one,
-# a snippet's namespace). TensorFlow 2.21 destroys an iterator by waiting for its autotuning
-# thread, and with several such iterators waiting for collection, one later collection was
-# seen to stall a test for 14-187 s with no CPU used (gdb: `RootDataset::Iterator::~Iterator`
-# waiting on the model thread's `Model::OptimizeLoop`). Collected right after the test that
-# made them, they go at once (in the profiled suite runs since, no test spent over 4.5 s in it).
+# a snippet's namespace, a test class's state). TensorFlow 2.21 destroys an iterator by waiting
+# for its autotuning thread, which sleeps out its optimization period (doubling up to a
+# minute while the iterator lives; gdb: the main thread in `RootDataset::Iterator::~Iterator`,
+# the model thread in `Model::OptimizeLoop`'s timed wait). Several such iterators waiting in
+# one later collection stalled a test for 14-187 s with no CPU used. Collected right after the
+# test that made them, while their period is short, they go at once.
 _MAKE_PIPELINES = (
     "tests/docs/",
     "tests/examples/",
+    "tests/towers/bench/",
     "tests/towers/data/",
     "tests/towers/checkpoints/iterator_state_test.py",
-    "tests/towers/progress/evaluate_test.py",
+    "tests/towers/progress/",
 )
 
 
-@pytest.fixture(autouse=True)
-def _collect_pipelines(request):
-    """Collects a pipeline-making test's garbage as it ends (see `_MAKE_PIPELINES`)."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Collects a pipeline-making test's garbage once its teardown is done (see
+    `_MAKE_PIPELINES`): after the test case object and, at a class's last test, the class's
+    state are let go. (Collected in an autouse fixture's teardown, which runs before both,
+    a later collection still stalled 50-59 s, at the same test in two suite runs.)"""
     yield
-    if request.node.nodeid.startswith(_MAKE_PIPELINES):
+    if item.nodeid.startswith(_MAKE_PIPELINES):
         gc.collect()

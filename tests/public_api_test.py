@@ -338,7 +338,8 @@ class PackagingTest(tf.test.TestCase):
         self.assertEqual(pathlib.Path(ops.__file__).resolve().parent, ROOT / "ops")
         out = test_util.run_python(
             "import sys, towers\n"
-            "print(sorted(m for m in sys.modules if m == 'ops' or m.startswith('ops.')))\n"
+            "print(sorted(m for m in sys.modules if m == 'ops' or m.startswith('ops.')))\n",
+            fresh=True,
         )
         self.assertEqual(out.strip(), "[]")
 
@@ -437,7 +438,7 @@ class PackagingTest(tf.test.TestCase):
             "except ImportError as e:\n"
             "    print(e)\n"
         )
-        message = test_util.run_python(code)
+        message = test_util.run_python(code, fresh=True)
         self.assertIn("needs TensorFlow, which is not installed", message)
         self.assertIn("pip install 'tf-towers[cpu]'", message)
         self.assertIn("pip install 'tf-towers[gpu]'", message)

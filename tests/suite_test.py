@@ -13,7 +13,8 @@ class SiteTest(tf.test.TestCase):
             "print('keras' in sys.modules)\n"
             "print(tf.keras.layers.Dense(3)(tf.ones([2, 2])).shape)\n"
             "import keras\n"
-            "print(keras.optimizers.SGD.__name__, 'keras.src.optimizers' in sys.modules)\n"
+            "print(keras.optimizers.SGD.__name__, 'keras.src.optimizers' in sys.modules)\n",
+            fresh=True,
         )
         self.assertEqual(out.split("\n")[:3], ["False", "(2, 3)", "SGD True"])
 

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+from tests import forked
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
 KIND = os.environ.get("TOWERS_TEST_KIND", "CPU").upper()
 if KIND not in ("CPU", "GPU"):
@@ -257,10 +259,15 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ["PYTHONPATH"]]), **extra}
 
 
-def run_python(code: str, timeout: float = 120) -> str:
-    """Runs `code` in a fresh interpreter with this project importable; returns its stdout."""
+def run_python(code: str, timeout: float = 120, fresh: bool = False) -> str:
+    """Runs `code` in a process of its own with this project importable; returns its stdout.
+
+    The process is forked from one that has imported TensorFlow and towers (`tests.forked`:
+    seconds of CPU less), or, with `fresh`, a new interpreter (what a process finds or does
+    as it starts).
+    """
     env = child_env()
-    done = subprocess.run(
+    done = (subprocess if fresh else forked).run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,

@@ -47,6 +47,12 @@ _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one proce
 _BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the median is shown.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed steps after the first call.")
+_TRACE_BUILDS = flags.DEFINE_integer(
+    "trace_builds",
+    3,
+    "Fresh builds whose median first call the targets' trace ratio takes.",
+    lower_bound=1,
+)
 _ALGORITHMS = flags.DEFINE_list(
     "algorithms", ["reduce_broadcast", "ring", "collective"], "Replicated all-reduces."
 )
@@ -157,8 +163,11 @@ def main(argv: list[str]) -> None:
     )
     profile = _SUITE.value == "profile"
     if _WORKER.value:
-        run = _profile.profile_rows if profile else _worker.run_worker
-        for row in run(_WORKER.value, **settings):
+        if profile:
+            rows = _profile.profile_rows(_WORKER.value, **settings)
+        else:
+            rows = _worker.run_worker(_WORKER.value, **settings, trace_builds=_TRACE_BUILDS.value)
+        for row in rows:
             print(json.dumps(row), flush=True)
         return
     passed = [
@@ -167,6 +176,7 @@ def main(argv: list[str]) -> None:
         f"--bucket_bytes={_BUCKET.value}",
         f"--optimizer={_OPTIMIZER.value}",
         f"--suite={_SUITE.value}",
+        f"--trace_builds={_TRACE_BUILDS.value}",
     ]
     rows = step_suite_rows(_MODELS.value, [int(t) for t in _TOWERS.value], passed)
     if profile:

@@ -14,12 +14,11 @@ from towers.bench._models import MODELS, batch
 from towers.bench._steps import configurations, towers_optimizer
 
 DEFAULT_BATCH = {"mlp": 1024, "cnn": 256, "many_small": 1024}
-# The trace-time target's pair: their first calls are the median of this many fresh builds
-# (the first call of each in the timed run, then new ones, alternating), since one first
-# call swings by tens of percent with the process's one-time costs and the machine.
+# The trace-time target's pair: their first calls are the median of `trace_builds` fresh
+# builds (the first call of each in the timed run, then new ones, alternating), since one
+# first call swings by tens of percent with the process's one-time costs and the machine.
 TRACE_PAIR = ("hand-written towers", "towers ps")
 RETRACED = {f"{label}{way}" for label in TRACE_PAIR for way in ("", " (v1 session)")}
-TRACE_REPEATS = 3
 
 
 def run_worker(
@@ -32,6 +31,7 @@ def run_worker(
     algorithms: list[str],
     bucket_bytes: int | None,
     optimizer: str = "sgd",
+    trace_builds: int = 3,
 ) -> list[dict]:
     """One row per (model, configuration) on `num_devices` devices.
 
@@ -53,7 +53,7 @@ def run_worker(
         timed = time_interleaved(built, data, steps, warmup)
         traces = {label: [first] for label, (first, _, _) in timed.items()}
         retraced = [label for label in compared if label in RETRACED]
-        for _ in range(TRACE_REPEATS - 1):  # fresh builds of the targets' pair, in turn
+        for _ in range(trace_builds - 1):  # fresh builds of the targets' pair, in turn
             for label in retraced:
                 began = time.perf_counter()
                 compared[label](model, devices)(data)

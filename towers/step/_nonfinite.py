@@ -150,7 +150,7 @@ def raised(verdict: Verdict, after: Sequence[Any]) -> list:
         flags = tf.concat([tf.reshape(f, [-1]) for f in verdict.flags], 0)
         flags = tf.gather(flags, list(verdict.ranked))
         names = tf.constant([verdict.names[i] for i in verdict.ranked])
-        bad, _ = tf.unique(tf.boolean_mask(names, tf.logical_not(flags)))
+        bad, _ = tf.unique(tf.gather(names, tf.where(tf.logical_not(flags))[:, 0]))
         return [
             tf.debugging.Assert(
                 verdict.finite,

@@ -1,12 +1,11 @@
 import re
-import subprocess
 import sys
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tests import test_util
+from tests import forked, test_util
 from towers.bench import _cluster, _state_memory, _tables, _worker
 
 CONFIGURATIONS = {
@@ -67,7 +66,7 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
         out = test_util.run_python(
             "import runpy, sys\n"
             "sys.argv = ['towers.bench', '--models=mlp', '--towers=2', '--steps=2', "
-            "'--warmup=1', '--algorithms=ring,collective', '--batch_size=64', "
+            "'--warmup=1', '--algorithms=ring,collective', '--batch_size=64', '--trace_builds=1', "
             f"'--optimizer={optimizer}', '{tf32}']\n"
             "runpy.run_module('towers.bench', run_name='__main__')\n",
             timeout=300,
@@ -239,7 +238,7 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
                 "sys.argv = ['towers.bench', '--suite=bogus']\n"
                 "runpy.run_module('towers.bench', run_name='__main__')\n"
             )
-            StepBenchTest._imported_then_run = subprocess.run(
+            StepBenchTest._imported_then_run = forked.run(
                 [sys.executable, "-c", code],
                 capture_output=True,
                 text=True,

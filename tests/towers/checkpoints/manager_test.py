@@ -2,7 +2,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from unittest import mock
@@ -12,7 +11,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import towers
-from tests import test_util
+from tests import forked, test_util
 from towers.checkpoints import _manager as _manager_module
 
 
@@ -321,10 +320,11 @@ time.sleep(60)
 
 
 def _spawn(code, *args):
-    child = subprocess.Popen(
+    child = forked.Popen(
         [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        env=test_util.child_env(),
+        stdout=forked.PIPE,
+        stderr=forked.DEVNULL,
         text=True,
     )
     return child, child.stdout.readline().strip()

@@ -1,7 +1,6 @@
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 import zipfile
@@ -11,7 +10,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import towers
-from tests import test_util
+from tests import forked, test_util
 from tests.towers.weights import golden
 from towers import ops
 
@@ -370,7 +369,12 @@ class NothingLostTest(tf.test.TestCase, parameterized.TestCase):
             "print('done')\n"
         )
         children = [
-            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            forked.Popen(
+                [sys.executable, "-c", code],
+                env=test_util.child_env(),
+                stdout=forked.PIPE,
+                text=True,
+            )
             for _ in range(2)
         ]
         self.assertEqual([c.stdout.readline().strip() for c in children], ["ready", "ready"])
@@ -501,11 +505,11 @@ class AtomicSaveTest(tf.test.TestCase):
         for _ in range(12):  # until a kill landed mid-save; at most 12
             if interrupted >= 1:
                 break
-            child = subprocess.Popen(
+            child = forked.Popen(
                 [sys.executable, "-c", _SAVER, directory, *FORMATS],
                 env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stdout=forked.PIPE,
+                stderr=forked.DEVNULL,
                 text=True,
             )
             self.assertEqual(child.stdout.readline().strip(), "ready")

@@ -1,7 +1,6 @@
 """TensorFlow checkpoint directories are untrusted: their state file names only their own."""
 
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -11,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import towers
-from tests import test_util  # noqa: F401  (the process set-up)
+from tests import forked, test_util
 from towers.weights import _tf_checkpoint
 
 
@@ -85,7 +84,9 @@ class ReadWhileSavedTest(tf.test.TestCase):
                 towers.save_weights({{"w": tf.Variable(np.full(1000, i, np.float32))}}, {path!r})
             print(i)
         """)
-        saver = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE)
+        saver = forked.Popen(
+            [sys.executable, "-c", writer], env=test_util.child_env(), stdout=forked.PIPE
+        )
         reads = 0
         try:
             self.assertEqual(saver.stdout.readline().strip(), b"ready")  # (then it saves)

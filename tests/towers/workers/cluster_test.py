@@ -4,7 +4,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -15,7 +14,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import towers
-from tests import test_util
+from tests import forked, test_util
 from tests.towers.workers.jobs import Job
 from towers.variables import _parameter_server
 from towers.workers import launch
@@ -51,11 +50,11 @@ def _start(n, args, devices, local_first, sharded, poison):
             WORKER_POISON_STEP=str(POISONED if poisoned else -1),
         )
         processes.append(
-            subprocess.Popen(
+            forked.Popen(
                 [sys.executable, "-m", "tests.towers.workers.program", *args],
                 env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stdout=forked.PIPE,
+                stderr=forked.STDOUT,
                 text=True,
             )
         )
@@ -68,7 +67,7 @@ def _wait(processes, timeout=120):
     for process in processes:
         try:
             output, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
+        except forked.TimeoutExpired:
             process.kill()
             output, _ = process.communicate()
         results.append((process.returncode, output))

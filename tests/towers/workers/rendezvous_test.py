@@ -3,9 +3,7 @@ time, naming the worker or the port; nothing waits for ever (subprocesses on loo
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from unittest import mock
@@ -13,7 +11,7 @@ from unittest import mock
 from absl import logging
 from absl.testing import absltest, parameterized
 
-from tests import test_util
+from tests import forked, test_util
 from towers.workers import _rendezvous, launch
 
 # One worker: it joins with a short start-up timeout and prints what came of it.
@@ -34,15 +32,16 @@ def _cluster(n):
     return [f"127.0.0.1:{port}" for port in launch.free_ports(n)]
 
 
-def _join(cluster, index, timeout_seconds):
+def _join(cluster, index, timeout_seconds, stopped=False):
     config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
     env = test_util.child_env(TF_CONFIG=json.dumps(config))
-    return subprocess.Popen(
+    return forked.Popen(
         [sys.executable, "-c", JOIN, str(timeout_seconds)],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=forked.PIPE,
+        stderr=forked.PIPE,
         text=True,
+        stopped=stopped,  # frozen before it runs a line
     )
 
 
@@ -50,7 +49,7 @@ def _outcome(process, limit=90):
     """(The JSON line the worker printed, its stderr); kills it after `limit` seconds."""
     try:
         out, err = process.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
+    except forked.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
         raise AssertionError(f"a worker still waited after {limit} s: {err[-2000:]}") from None
@@ -70,8 +69,7 @@ class StartupTest(parameterized.TestCase):
         frozen = []
         for cluster, (index, peer) in zip(clusters, cases):
             if peer == "frozen":
-                frozen.append(_join(cluster, 1 - index, 60))
-                os.kill(frozen[-1].pid, signal.SIGSTOP)  # before Python has imported towers
+                frozen.append(_join(cluster, 1 - index, 60, stopped=True))
         try:
             start = time.monotonic()
             joining = [_join(c, index, 4) for c, (index, _) in zip(clusters, cases)]
@@ -90,7 +88,7 @@ class StartupTest(parameterized.TestCase):
     def test_a_late_peer_within_the_timeout_joins(self):
         cluster = _cluster(2)
         first = _join(cluster, 0, 120)
-        time.sleep(3)  # worker 0 waits for worker 1 meanwhile
+        time.sleep(1)  # worker 0 waits for worker 1 meanwhile
         second = _join(cluster, 1, 120)
         outcomes = [_outcome(process, limit=150) for process in (first, second)]
         for report, _ in outcomes:  # (on a failure, both workers' reports: which one failed)
