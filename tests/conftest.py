@@ -11,12 +11,17 @@ import pytest
 
 
 def pytest_configure(config):
-    """Sets the process up, except in an xdist controller."""
+    """Sets the process up, except in an xdist controller, which keeps the classes in the
+    order `pytest_collection_modifyitems` gives."""
     controller = getattr(config, "workerinput", None) is None and config.getoption(
         "numprocesses", default=None
     )
     if not controller:
         from tests import test_util  # noqa: F401  (imported for its set-up)
+    # pytest-xdist 3.6 and later order `--dist loadscope`'s classes by their number of tests
+    # unless told not to (`--no-loadscope-reorder`, an option earlier versions do not know).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 # Folders of long tests (processes, whole trainings), run first: two processes then finish
