@@ -264,12 +264,16 @@ def model_rows(
             replicated, devices=devices, dataset=dataset, compile_update=True
         )
         if len(devices) > 1:  # the exchange in fewer, larger transfers
-            for name, algorithm in (("ring", "ring"), ("reduce-broadcast", "reduce_broadcast")):
-                rows[f"towers replicated xla, {name}, 64 MiB buckets"] = functools.partial(
+            for name, algorithm, size, bucket in (
+                ("ring", "ring", "64 MiB buckets", 64 * 2**20),
+                ("reduce-broadcast", "reduce_broadcast", "64 MiB buckets", 64 * 2**20),
+                ("reduce-broadcast", "reduce_broadcast", "one bucket", 2**40),
+            ):
+                rows[f"towers replicated xla, {name}, {size}"] = functools.partial(
                     towers_step,
                     devices=devices,
                     dataset=dataset,
-                    replicated=dict(all_reduce=algorithm, bucket_bytes=64 * 2**20),
+                    replicated=dict(all_reduce=algorithm, bucket_bytes=bucket),
                 )
         if strategy is not None and strategy.num_replicas_in_sync == 1:
             rows["mirrored xla, whole replica"] = functools.partial(
