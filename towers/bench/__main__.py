@@ -63,7 +63,7 @@ _MICRO = flags.DEFINE_list(
     "micro_batches", ["1", "4"], "Micro-batches to compare (memory suite, first of --towers)."
 )
 _BUCKET = flags.DEFINE_integer(
-    "bucket_bytes", 4 * 2**20, "Replicated rows' packing bucket; 0 for none (ps rows: both ways)."
+    "bucket_bytes", 64 * 2**20, "Replicated rows' packing bucket; 0 for none (ps rows: both ways)."
 )
 _WORKER = flags.DEFINE_integer("worker_devices", 0, "Internal: run as a worker with K devices.")
 _SHARDED = flags.DEFINE_bool(

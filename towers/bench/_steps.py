@@ -140,7 +140,7 @@ def towers_replicated(
     model_name: str,
     devices: list[str],
     algorithm: str | towers.ops.AllReduce,
-    bucket_bytes: int | None = 4 * 2**20,
+    bucket_bytes: int | None = 64 * 2**20,
     optimizer: str = "sgd",
     sharded: bool = False,
 ) -> Step:
@@ -251,7 +251,7 @@ def in_session(build: Callable[..., Step], data: tuple) -> Callable[..., Step]:
 
 
 def step_bodies(
-    algorithms: list[str], bucket_bytes: int | None = 4 * 2**20, optimizer: str = "sgd"
+    algorithms: list[str], bucket_bytes: int | None = 64 * 2**20, optimizer: str = "sgd"
 ) -> dict[str, Callable[[str, list[str]], Step]]:
     """The steps that build in a `tf.function` and in a v1 graph alike, by row label."""
     bodies = {
@@ -274,7 +274,7 @@ def step_bodies(
 
 def configurations(
     algorithms: list[str],
-    bucket_bytes: int | None = 4 * 2**20,
+    bucket_bytes: int | None = 64 * 2**20,
     strategy: tf.distribute.Strategy | None = None,
     optimizer: str = "sgd",
     data: tuple | None = None,
