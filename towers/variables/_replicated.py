@@ -48,10 +48,7 @@ class Replicated(VariableStrategy):
         variables exist.
       devices: The tower devices, distinct.
       all_reduce: The algorithm, a name from `ops.ALGORITHMS` or an `ops.AllReduce`.
-      bucket_bytes: Gradient packing bucket size, default 64 MiB (Horovod's fusion buffer;
-        compiled towers hand over every gradient at once, and fewer, larger transfers
-        took 3% off a GPT step split over two logical GPUs); None for one all-reduce per
-        variable.
+      bucket_bytes: Gradient packing bucket size; None for one all-reduce per variable.
       wire_dtype: None, tf.float16 or tf.bfloat16 for compressed transfers.
       sparse: "gather" (IndexedSlices stay sparse) or "dense".
       shard_optimizer_state: Keep each variable's optimizer state on one copy only (its
