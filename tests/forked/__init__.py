@@ -23,6 +23,7 @@ import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -249,5 +250,6 @@ def _start():
         sys.stderr.write(f"tests.forked: no server ({ready or 'it exited'}); plain processes\n")
         return None
     _started["process"] = process
-    atexit.register(process.stdin.close)
+    atexit.register(shutil.rmtree, os.path.dirname(path), ignore_errors=True)
+    atexit.register(process.stdin.close)  # (runs first: the server stops)
     return {"path": path, "env": env}
