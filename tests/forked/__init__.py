@@ -63,6 +63,7 @@ class Popen:
             return
         self._real, self.returncode = None, None
         self.stdin = self.stdout = self.stderr = None
+        self._chunks = {}  # what communicate has read of each pipe (it may be called again)
         ends, self._close = [], []
         for fd, how in enumerate((stdin, stdout, stderr)):
             ends.append(self._end(fd, how, ends, text))
@@ -132,18 +133,15 @@ class Popen:
         self.returncode = json.loads(message)["returncode"]
         return True
 
-    @property
-    def args(self):
-        return self._real.args if self._real is not None else None
-
     def communicate(self, timeout=None):
         """(stdout, stderr) read to their ends, then the exit status; as `subprocess`."""
         if self._real is not None:
             return self._real.communicate(timeout=timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         pipes = [f for f in (self.stdout, self.stderr) if f is not None]
-        chunks = getattr(self, "_chunks", None) or {f: [] for f in pipes}
-        self._chunks = chunks
+        chunks = self._chunks
+        for f in pipes:
+            chunks.setdefault(f, [])
         with selectors.DefaultSelector() as selector:
             for f in pipes:
                 if not f.closed:

@@ -92,16 +92,12 @@ def _reap(children) -> None:
             return
         connection = children.pop(pid, None)
         if connection is not None:
+            code = os.waitstatus_to_exitcode(status)  # as subprocess: minus a signal's number
             try:
-                connection.sendall(json.dumps({"returncode": _code(status)}).encode())
+                connection.sendall(json.dumps({"returncode": code}).encode())
             except OSError:
                 pass  # the client has gone
             connection.close()
-
-
-def _code(status: int) -> int:
-    """The exit status as `subprocess` gives it: the code, or minus the signal."""
-    return os.waitstatus_to_exitcode(status)
 
 
 def _child(request: dict, fds: list) -> None:
