@@ -39,6 +39,7 @@ def copy_updates(
         with tf.device(device), tf.name_scope(optimizer.name):
             grads = [grad for grad, _, _ in items]
             if jit_compile:
+                grads = [_static(grad, var) for grad, (_, var, _) in zip(grads, items)]
                 updates.append(compiled_update(optimizer, items)(grads, lr, done, finite))
             else:
                 updates += device_update(optimizer, items, grads, lr, done, finite)
@@ -55,6 +56,19 @@ def by_device(group: list) -> dict[str, list]:
     for item in group:
         found.setdefault(item[1].device, []).append(item)
     return found
+
+
+def _static(grad: Any, var: tf.Variable) -> Any:
+    """`grad` as an XLA program's argument: its shape the same at every step.
+
+    Rows of `tf.IndexedSlices` whose number changes from step to step (each row once, after
+    the duplicates are summed: as many as the batch's distinct ids) would make XLA compile
+    the program again for each new number; they are made dense here, on the device (the
+    program would make them dense anyway).
+    """
+    if isinstance(grad, tf.IndexedSlices) and not grad.values.shape.is_fully_defined():
+        return densified(grad, var)
+    return grad
 
 
 def compiled_update(optimizer: Any, items: list) -> Callable[..., Any]:

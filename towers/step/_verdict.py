@@ -181,6 +181,16 @@ def _finite_flags(values: list[tf.Tensor], compiled: bool) -> tf.Tensor:
     def flags(*tensors: tf.Tensor) -> tf.Tensor:
         return tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
-    if compiled:  # the N reductions fuse into a few kernels
-        return tf.function(flags, jit_compile=True, autograph=False)(*values)
-    return flags(*values)
+    fixed = [v for v in values if v.shape.is_fully_defined()]
+    if not compiled or not fixed:
+        return flags(*values)
+    # The N reductions fuse into a few kernels. Values whose shape changes from step to step
+    # (the rows of a sparse gradient, each row once) are checked outside the program: XLA
+    # would compile it again for each new shape.
+    program = tf.function(flags, jit_compile=True, autograph=False)
+    if len(fixed) == len(values):
+        return program(*values)
+    inside = iter(tf.unstack(program(*fixed)))
+    return tf.stack(
+        [next(inside) if v.shape.is_fully_defined() else flags(v)[0] for v in values]
+    )

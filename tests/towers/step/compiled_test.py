@@ -28,6 +28,20 @@ def _calls(graph: tf.Graph, program: str = "_body") -> list[tf.Operation]:
     ]
 
 
+def _step(model, local, devices, accumulate=None):
+    """A compiled Adam step of the test model."""
+    optimizer = towers.Adam(0.1)
+
+    @tf.function
+    def step(batch):
+        return towers.train_step(
+            lambda b: test_util.loss_fn(local())(b), model, optimizer, batch, devices,
+            accumulate=accumulate, jit_compile=True,
+        )  # fmt: skip
+
+    return step
+
+
 class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters("ps", "ps_cpu", "replicated")
     def test_k_compiled_towers_equal_the_hand_written_step(self, strategy):
@@ -76,6 +90,32 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         for kind in ("update", "flags"):
             on = [test_util.local_device(c.device) for c in _calls(graph, kind)]
             self.assertEqual(on, [test_util.local_device(d) for d in copies], kind)
+
+    def test_no_program_is_compiled_again_when_the_distinct_ids_change(self):
+        """Every compiled program's arguments keep their shapes from step to step. Before: the
+        embedding's rows, each once after the sum, went into the update and the check as they
+        were, and XLA compiled both again for each new number of distinct ids in a batch."""
+        devices = test_util.devices(3)
+        cases = (("ps", None), ("replicated", None), ("replicated", 2), ("sharded", None))
+        for strategy, every in cases:
+            if strategy == "ps":
+                model = test_util.Model()
+                local = lambda model=model: model  # noqa: E731
+            else:
+                sharded = strategy == "sharded"
+                model = towers.Replicated(
+                    test_util.built_model, devices, shard_optimizer_state=sharded
+                )
+                local = model.local
+            step = _step(model, local, devices, every and towers.GradientAccumulator(every=every))
+            graph = step.get_concrete_function(test_util.batch(11)).graph
+            # (With accumulation, the update runs in a branch, on the sums: dense.)
+            updates, flags = _calls(graph, "update"), _calls(graph, "flags")
+            self.assertLen(updates, 0 if every else 1 if strategy == "ps" else 3)
+            self.assertNotEmpty(flags)
+            for call in _calls(graph) + updates + flags:
+                for arg in call.inputs:
+                    self.assertTrue(arg.shape.is_fully_defined(), (strategy, call.name, arg))
 
     def test_micro_batches_loss_scale_hook_and_keras_layers(self):
         devices = test_util.devices(2)
