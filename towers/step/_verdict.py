@@ -191,6 +191,4 @@ def _finite_flags(values: list[tf.Tensor], compiled: bool) -> tf.Tensor:
     if len(fixed) == len(values):
         return program(*values)
     inside = iter(tf.unstack(program(*fixed)))
-    return tf.stack(
-        [next(inside) if v.shape.is_fully_defined() else flags(v)[0] for v in values]
-    )
+    return tf.stack([next(inside) if v.shape.is_fully_defined() else flags(v)[0] for v in values])
