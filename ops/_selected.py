@@ -40,16 +40,24 @@ def selected(
     old = []
     for var in variables:
         with tf.device(var.device):
-            old.append(var.read_value())
+            old.append(_read(var))
     with tf.control_dependencies(old):  # (a v1 graph has no automatic order)
         writes = update_ops(build())
     chosen = []
     with tf.control_dependencies(writes):
         for var, before in zip(variables, old):
             with tf.device(var.device):
-                value = tf.where(keep, var.read_value(), before)
+                value = tf.where(keep, _read(var), before)
                 chosen.append(var.assign(value, read_value=False))
     return writes + update_ops(chosen)
+
+
+def _read(var: tf.Variable) -> tf.Tensor:
+    """The variable's value now, as one op.
+
+    (`read_value` adds an identity; `value` may give a copy cached before the writes.)
+    """
+    return tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype)
 
 
 def _unique(variables: Sequence[tf.Variable]) -> list[tf.Variable]:
