@@ -333,15 +333,12 @@ class PublicSurfaceTest(tf.test.TestCase):
 
 
 class PackagingTest(tf.test.TestCase):
-    def test_ops_is_towers_ops_and_no_top_level_ops_is_imported(self):
+    def test_ops_is_towers_ops(self):
+        """(That no top-level `ops` is imported, installed or in a checkout whose root has
+        one: the next two tests' processes.)"""
         self.assertEqual(ops.__name__, "towers.ops")
         self.assertEqual(pathlib.Path(ops.__file__).resolve().parent, ROOT / "ops")
-        out = test_util.run_python(
-            "import sys, towers\n"
-            "print(sorted(m for m in sys.modules if m == 'ops' or m.startswith('ops.')))\n",
-            fresh=True,
-        )
-        self.assertEqual(out.strip(), "[]")
+        self.assertNotIn("ops", sys.modules)
 
     def test_a_users_ops_module_beside_the_script_changes_nothing(self):
         script = (
@@ -350,6 +347,8 @@ class PackagingTest(tf.test.TestCase):
             "from towers import ops as tops\n"
             "import tensorflow as tf\n"
             "print(ops.MARK, tops.__name__, tops.split_batch(tf.range(4), 2)[1].numpy().tolist())\n"
+            "import sys\n"  # nothing of towers imported a top-level `ops` (the user's: no dots)
+            "print(sorted(m for m in sys.modules if m.startswith('ops.')))\n"
         )
         for layout in ("module", "package"):
             with tempfile.TemporaryDirectory() as directory:
@@ -361,7 +360,9 @@ class PackagingTest(tf.test.TestCase):
                 with open(path, "w") as f:
                     f.write(f"MARK = 'users-{layout}'\n")
                 out = _run_script(directory, script)
-                self.assertEqual(out.split(), [f"users-{layout}", "towers.ops", "[2,", "3]"])
+                self.assertEqual(
+                    out.split(), [f"users-{layout}", "towers.ops", "[2,", "3]", "[]"]
+                )
 
     def test_a_source_checkout_imports_its_own_ops(self):
         """`python -m towers.launch` in the repository's root imports the checkout's towers,
@@ -376,6 +377,8 @@ class PackagingTest(tf.test.TestCase):
             "import importlib.util, towers\n"
             "print(importlib.util.find_spec('towers.tests'))\n"
             "print(towers.__file__)\nprint(towers.ops.__file__)\n"
+            "import sys\n"  # the root's `ops` folder stays unimported
+            "print(sorted(m for m in sys.modules if m == 'ops' or m.startswith('ops.')))\n"
         )
         done = subprocess.run(  # -S: no site, so no editable-install finder either
             [sys.executable, "-S", "-c", code],
@@ -383,8 +386,9 @@ class PackagingTest(tf.test.TestCase):
         )  # fmt: skip
         self.assertEqual(done.returncode, 0, done.stderr[-2000:])
         lines = done.stdout.strip().splitlines()
-        self.assertEqual(lines[-3], "None")  # the root's other folders stay out of the package
-        package, package_ops = (pathlib.Path(p).resolve() for p in lines[-2:])
+        self.assertEqual(lines[-4], "None")  # the root's other folders stay out of the package
+        self.assertEqual(lines[-1], "[]")
+        package, package_ops = (pathlib.Path(p).resolve() for p in lines[-3:-1])
         self.assertEqual((package.parent, package_ops.parent), (ROOT / "towers", ROOT / "ops"))
         # Nothing else of the root becomes part of the package, there or here.
         for name in ("towers.tests", "towers.setup", "towers.examples"):
