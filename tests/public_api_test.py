@@ -360,9 +360,7 @@ class PackagingTest(tf.test.TestCase):
                 with open(path, "w") as f:
                     f.write(f"MARK = 'users-{layout}'\n")
                 out = _run_script(directory, script)
-                self.assertEqual(
-                    out.split(), [f"users-{layout}", "towers.ops", "[2,", "3]", "[]"]
-                )
+                self.assertEqual(out.split(), [f"users-{layout}", "towers.ops", "[2,", "3]", "[]"])
 
     def test_a_source_checkout_imports_its_own_ops(self):
         """`python -m towers.launch` in the repository's root imports the checkout's towers,

@@ -238,10 +238,9 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("a NaN or Inf in the gradients of this step", towers_part)
         self.assertNotIn("\\", towers_part)  # printed as written: nothing C-escaped
 
-    @parameterized.parameters(
-        *((case, False) for case in rules_test.CASES),
-        *((case, True) for case in ("momentum", "adam", "lamb")),
-    )  # (every rule's compiled choice: rules_test's CompiledUpdateTest, finite=False)
+    # The rules of each kind of state (a slot; two; norms per variable), compiled or not.
+    # (Every rule's choice alone, compiled or not: rules_test's CompiledUpdateTest.)
+    @parameterized.product(case=["momentum", "adam", "lamb"], jit_compile=[False, True])
     def test_every_rule_keeps_its_state_on_a_nan_step(self, case, jit_compile):
         """Two replicas; only w2's gradient is NaN (a hook): nothing moves, w2 is named."""
         devices = test_util.devices(2)
