@@ -1,6 +1,7 @@
 """All-reducing `K x N` tower gradients: every tower gets the weighted mean, on its device."""
 
 from collections.abc import Sequence
+from typing import Any
 
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
@@ -108,7 +109,8 @@ def all_reduce_gradients(
                 for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
                     out[i][j] = gathered
             else:
-                dense_columns.append((j, dense_column(list(column), devices)))
+                variable = variables[j] if variables is not None else None
+                dense_columns.append((j, dense_column(list(column), devices, variable)))
         if dense_columns:
             reduced = _reduce_dense(
                 [c for _, c in dense_columns],
@@ -182,14 +184,23 @@ def column_dtype(tower_grads: list, j: int) -> tf.DType:
     return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
 
 
-def dense_column(column: list, devices: list) -> list[tf.Tensor]:
-    """Each tower's gradient, dense and in float32 if half, on its device."""
-    like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), None)
+def dense_column(column: list, devices: list, variable: Any = None) -> list[tf.Tensor]:
+    """Each tower's gradient, dense and in float32 if half, on its device.
+
+    Slices take the shape of a dense gradient of the column, else of `variable`, else their
+    `dense_shape` where it is known while the graph is built (packing needs static shapes).
+    """
+    like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), variable)
     dense = []
     for grad, device in zip(column, devices):
         with tf.device(device):
-            if isinstance(grad, tf.IndexedSlices):
-                grad = densified(grad, like) if like is not None else tf.convert_to_tensor(grad)
+            if isinstance(grad, tf.IndexedSlices) and like is not None:
+                grad = densified(grad, like)
+            elif isinstance(grad, tf.IndexedSlices):
+                shape = tf.get_static_value(grad.dense_shape)
+                grad = tf.convert_to_tensor(grad)
+                if shape is not None:
+                    grad.set_shape(shape)
             dense.append(tf.cast(grad, accumulation_dtype(grad.dtype)))
     return dense
 

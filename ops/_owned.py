@@ -94,7 +94,8 @@ def _reduce(tower_grads, devices, owners, weights, algorithm, bucket_bytes, wire
         if sparse_here and all(isinstance(g, tf.IndexedSlices) for g in column):
             out[local][j] = slices_on(devices[local], list(column), devices, norm)
         else:
-            dense[j] = dense_column(list(column), devices)
+            variable = variables[j] if variables is not None else None
+            dense[j] = dense_column(list(column), devices, variable)
     for buffer in _dense_layout(dense, tower_grads, owners, group, bucket_bytes):
         for i, reduced in enumerate(
             _scatter(buffer, dense, devices, norm, algorithm, rank, wire_dtype)

@@ -24,8 +24,9 @@ training program needs none of it. It is the one door through which `towers` rea
   `towers.core.user_code_entry`).
 - Arguments: `check_int`, `check_number` (finite), `check_bool`: a `TypeError` for a wrong
   type, a `ValueError` for a value out of range, one wording everywhere.
-- Control: `update_ops` (the ops in nested update results, for a control dependency) and
-  `selected` (writes kept or undone by a boolean on the device: the non-finite guard).
+- Control: `update_ops` (the ops in nested update results, for a control dependency),
+  `selected` (writes kept or undone by a boolean on the device: the non-finite guard) and
+  `finite_flags` (whether each of many tensors is all finite, in a few kernels under XLA).
 - Placement: `device_scope` (a device, or the caller's scope for None), `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel) and `has_kernel` (whether
   TensorFlow has a kernel for an op and its dtypes on a kind of device).
@@ -50,6 +51,7 @@ from towers.ops._collectives import (
     trace_count,
 )
 from towers.ops._device_scope import device_scope, host_scope
+from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
 from towers.ops._ownership import owners_by_bytes
@@ -76,6 +78,7 @@ __all__ = [
     "check_bucket_bytes",
     "deduplicated",
     "densified",
+    "finite_flags",
     "derived_group_key",
     "derived_instance_key",
     "device_scope",

@@ -202,6 +202,33 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsInstance(embedding, tf.Tensor)
         test_util.assert_allclose(embedding, test_util.dense(expected[0]))
 
+    def test_sparse_gradients_made_dense_are_packed(self):
+        """Packing needs static shapes: rows made dense take their variable's. Before, slices
+        whose dense shape is known only when the step runs (a Keras Embedding's, in the
+        models suite) refused to build with `Replicated(sparse="dense")` and its default
+        buckets: "Packing needs static shapes; tensor #0 has shape (None, 768)"."""
+        devices = test_util.devices(2)
+        table, bias = tf.Variable(tf.zeros([4, 2])), tf.Variable(tf.zeros([3]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2])])
+        def reduce(like):
+            grads = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    rows = tf.IndexedSlices(
+                        tf.fill([3, 2], float(i + 1)), tf.constant([0, 2, 2]), tf.shape(like)
+                    )
+                    grads.append([rows, tf.fill([3], float(i + 1))])
+            return ops.all_reduce_gradients(
+                grads, devices, sparse="dense", bucket_bytes=2**20, variables=[table, bias]
+            )
+
+        want_rows = [[1.5, 1.5], [0, 0], [3, 3], [0, 0]]  # the mean, repeated rows summed
+        for rows, bias_grad in reduce(tf.zeros([4, 2])):
+            self.assertIsInstance(rows, tf.Tensor)
+            self.assertAllClose(rows, want_rows)
+            self.assertAllClose(bias_grad, [1.5] * 3)
+
     def test_packing_bounds_the_number_of_all_reduces(self):
         """100 variables: at most 4 all-reduces per step with packing, 100 without."""
         grads = [[tf.ones([32, 32]) if i % 2 else tf.ones([32]) for i in range(100)]] * 4

@@ -263,6 +263,10 @@ def model_rows(
         rows["hand-written towers xla, update compiled"] = functools.partial(
             replicated, devices=devices, dataset=dataset, compile_update=True
         )
+        if len(devices) > 1:  # the embedding's gradient exchanged dense, not as rows
+            rows["towers replicated xla, sparse dense"] = functools.partial(
+                towers_step, devices=devices, dataset=dataset, replicated=dict(sparse="dense")
+            )
         if len(devices) > 1:  # the exchange in fewer, larger transfers
             for name, algorithm, size, bucket in (
                 ("ring", "ring", "64 MiB buckets", 64 * 2**20),

@@ -13,6 +13,7 @@ from towers.optimizers._checks import (
     check_checkpointable,
     is_keras,
 )
+from towers.optimizers._device_updates import Judged
 from towers.optimizers._lamb import LAMB
 from towers.optimizers._lars import LARS
 from towers.optimizers._optimizer import Optimizer
@@ -24,6 +25,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "AppliesGradients",
+    "Judged",
     "LAMB",
     "LARS",
     "Optimizer",

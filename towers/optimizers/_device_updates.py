@@ -4,15 +4,36 @@
 the rule's in-place updates, each written variable (slots included) then kept or written
 back as it was by the verdict (`towers.ops.internal.selected`), and with `jit_compile` all
 of it as one XLA program on the device, which reads only that device's variables (the rate
-and the step count come in as arguments).
+and the step count come in as arguments). Given a `Judged` instead of a verdict, the program
+decides the verdict itself, from the gradients it applies and the rate it uses.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import densified, device_scope, selected, update_ops
+from towers.ops.internal import densified, device_scope, finite_flags, selected, update_ops
+
+
+@dataclasses.dataclass
+class Judged:
+    """A verdict a copy's compiled update decides inside its program (on one device).
+
+    The program checks every gradient it applies (as it applies it: dense) and the learning
+    rate (when not a number), then chooses its writes by the result: no second program and
+    no tensor between the check and the update. Filled in when the update is built.
+
+    Attributes:
+      finite: The verdict, a boolean scalar on the copy's device.
+      flags: Each gradient's flag, in order, then the rate's (when checked).
+      rate_checked: Whether the last flag is the learning rate's.
+    """
+
+    finite: tf.Tensor | None = None
+    flags: tf.Tensor | None = None
+    rate_checked: bool = False
 
 
 def copy_updates(
@@ -24,7 +45,8 @@ def copy_updates(
       optimizer: The towers `Optimizer`.
       copy: Which copy of the variables.
       group: `(grad, var, state)` of each of its variables to update.
-      finite: The verdict, or None.
+      finite: The verdict, None, or a `Judged` (with `jit_compile`, the copy on one device):
+        the program decides it, and the `Judged` holds it afterwards.
       jit_compile: One XLA program per device.
     """
     counter = optimizer.iterations.get(copy)
@@ -34,13 +56,23 @@ def copy_updates(
             lr = None
             if not isinstance(optimizer.learning_rate, (int, float)):
                 lr = tf.cast(optimizer.current_learning_rate(done), tf.float32)
-    updates = []
-    for device, items in by_device(group).items():
+    updates, judged = [], finite if isinstance(finite, Judged) else None
+    devices = by_device(group)
+    if judged is not None and (not jit_compile or len(devices) != 1):
+        raise ValueError("A verdict judged in the update needs one compiled program.")
+    for device, items in devices.items():
         with tf.device(device), tf.name_scope(optimizer.name):
             grads = [grad for grad, _, _ in items]
             if jit_compile:
                 grads = [_static(grad, var) for grad, (_, var, _) in zip(grads, items)]
-                updates.append(compiled_update(optimizer, items)(grads, lr, done, finite))
+                program = compiled_update(optimizer, items, judged=judged is not None)
+                if judged is None:
+                    updates.append(program(grads, lr, done, finite))
+                else:
+                    judged.rate_checked = lr is not None
+                    ran, judged.finite, judged.flags = program(grads, lr, done, None)
+                    updates.append(ran)
+                    finite = judged.finite
             else:
                 updates += device_update(optimizer, items, grads, lr, done, finite)
     if counter is None:
@@ -71,12 +103,27 @@ def _static(grad: Any, var: tf.Variable) -> Any:
     return grad
 
 
-def compiled_update(optimizer: Any, items: list) -> Callable[..., Any]:
-    """`device_update` of `items` as one XLA program (traced when first called)."""
+def compiled_update(optimizer: Any, items: list, judged: bool = False) -> Callable[..., Any]:
+    """`device_update` of `items` as one XLA program (traced when first called).
 
-    def update(grads: list, lr: Any, done: tf.Tensor, finite: Any) -> tf.Tensor:
+    With `judged`, the program decides the verdict first (every gradient as it is applied,
+    dense, and the rate when given) and returns `(done, finite, flags)`.
+    """
+
+    def update(grads: list, lr: Any, done: tf.Tensor, finite: Any) -> Any:
+        if judged:
+            dense = [
+                densified(g, var) if isinstance(g, tf.IndexedSlices) else g
+                for g, (_, var, _) in zip(grads, items)
+            ]
+            flags = finite_flags(dense)
+            if lr is not None:
+                flags = tf.concat([flags, tf.reshape(tf.math.is_finite(lr), [1])], 0)
+            finite, grads = tf.reduce_all(flags), dense
         built = device_update(optimizer, items, grads, lr, done, finite, compiled=True)
         with tf.control_dependencies(built):  # the program's output; its writes are its effect
+            if judged:
+                return tf.constant(True), tf.identity(finite), tf.identity(flags)
             return tf.constant(True)
 
     return tf.function(update, jit_compile=True, autograph=False)

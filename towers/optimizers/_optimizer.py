@@ -185,7 +185,8 @@ class Optimizer(tf.Module, CopiedState):
           grads_and_vars: Pairs of gradient and variable.
           finite: None, or a boolean scalar (the step's non-finite verdict): where False,
             the update writes every variable, slot and step count back as it was, decided
-            on the devices (`tf.where`, no host round trip and no `tf.cond`).
+            on the devices (`tf.where`, no host round trip and no `tf.cond`). (`towers.step`
+            may pass a `Judged` instead: one copy's compiled program decides the verdict.)
           jit_compile: Build each device's updates (of one copy) as one XLA program on that
             device, the choice of `finite` inside it. The learning rate and the step count
             are read outside and passed in; sparse gradients are made dense inside (XLA

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from towers.core import canonical_device
-from towers.ops.internal import device_scope, library_code
+from towers.ops.internal import device_scope, finite_flags, library_code
 from towers.variables import canonical_name
 
 
@@ -125,6 +125,55 @@ def judge(
     return Verdict(finite, mode, tuple(flags), tuple(names), tuple(ranked))
 
 
+def judgeable(
+    per_copy: Sequence[Sequence],
+    variables: Sequence[Sequence[tf.Variable]],
+    devices: Sequence[str | None],
+    elsewhere: Sequence[tf.Tensor] = (),
+) -> bool:
+    """Whether each copy's compiled update can decide its own verdict (`Judged`).
+
+    As `judge`'s local verdicts (copies holding the same gradients, each on a device of its
+    own, nothing from other processes), with every variable of a copy on its device: then
+    the check can be the first part of the copy's one update program.
+    """
+    return _judged_locally(per_copy, devices, elsewhere) and all(
+        _holds(device, var.device)
+        for copy_variables, device in zip(variables, devices)
+        for var in copy_variables
+    )
+
+
+def _holds(device: str, placed: str) -> bool:
+    """Whether a variable placed on `placed` lives on `device` (which may omit the job)."""
+    want, got = tf.DeviceSpec.from_string(device), tf.DeviceSpec.from_string(placed)
+    return (want.device_type, want.device_index) == (got.device_type, got.device_index) and all(
+        getattr(want, part) in (None, getattr(got, part)) for part in ("job", "replica", "task")
+    )
+
+
+def judged(
+    copies: Sequence,
+    per_copy: Sequence[Sequence],
+    variables: Sequence[Sequence[tf.Variable]],
+    devices: Sequence[str],
+    mode: str,
+    names_of: Callable[[tf.Variable], str | None] | None = None,
+) -> Verdict:
+    """The verdict the copies' update programs decided (their `Judged`, filled in).
+
+    Each copy's writes read its own; the error's flags and names are the first copy's.
+    """
+    first = copies[0]
+    checked = [
+        (g, v, j) for j, (g, v) in enumerate(zip(per_copy[0], variables[0])) if g is not None
+    ]
+    names = _names(checked, names_of) + (["the learning rate"] if first.rate_checked else [])
+    finite = tuple(copy.finite for copy in copies)
+    ranked = tuple(range(len(names)))
+    return Verdict(finite[0], mode, (first.flags,), tuple(names), ranked, finite, tuple(devices))
+
+
 def _judged_locally(per_copy: Sequence[Sequence], devices: Sequence, elsewhere: Sequence) -> bool:
     """Whether each copy can judge alone.
 
@@ -177,18 +226,20 @@ def _by_device(grads: Sequence, variables: Sequence, device: str | None) -> dict
 
 def _finite_flags(values: list[tf.Tensor], compiled: bool) -> tf.Tensor:
     """A boolean per tensor: all its values finite."""
-
-    def flags(*tensors: tf.Tensor) -> tf.Tensor:
-        return tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
-
-    fixed = [v for v in values if v.shape.is_fully_defined()]
+    fixed = [i for i, v in enumerate(values) if v.shape.is_fully_defined()]
     if not compiled or not fixed:
-        return flags(*values)
-    # The N reductions fuse into a few kernels. Values whose shape changes from step to step
-    # (the rows of a sparse gradient, each row once) are checked outside the program: XLA
-    # would compile it again for each new shape.
-    program = tf.function(flags, jit_compile=True, autograph=False)
+        return finite_flags(values, laid_out=False)
+    # One XLA program, a few kernels (`finite_flags` lays the tensors out in blocks). Values
+    # whose shape changes from step to step (the rows of a sparse gradient, each row once)
+    # are checked outside it: XLA would compile it again for each new shape.
+    program = tf.function(finite_flags, jit_compile=True, autograph=False)
+    inside = program([values[i] for i in fixed])
     if len(fixed) == len(values):
-        return program(*values)
-    inside = iter(tf.unstack(program(*fixed)))
-    return tf.stack([next(inside) if v.shape.is_fully_defined() else flags(v)[0] for v in values])
+        return inside
+    varying = [i for i in range(len(values)) if i not in set(fixed)]
+    outside = finite_flags([values[i] for i in varying], laid_out=False)
+    order = fixed + varying  # where each value's flag is in [inside, outside]
+    inverse = [0] * len(order)
+    for position, i in enumerate(order):
+        inverse[i] = position
+    return tf.gather(tf.concat([inside, outside], 0), inverse)

@@ -18,7 +18,7 @@ STEPS = 2
 
 def _calls(graph: tf.Graph, program: str = "_body") -> list[tf.Operation]:
     """The call ops of a step's graph that run one kind of XLA program ("_body": a tower's,
-    "update": a device's update, "flags": a copy's non-finite check)."""
+    "update": a device's update, "finite_flags": a copy's non-finite check)."""
     return [
         op
         for op in graph.get_operations()
@@ -86,10 +86,13 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         graph = step.get_concrete_function(test_util.batch(11)).graph
         self.assertEqual([test_util.local_device(c.device) for c in _calls(graph)], devices)
         # The update: one program on each copy's device (a parameter server's: its own).
+        # Replicated copies check their gradients inside it; a server's check is a program
+        # before it.
         copies = devices if strategy == "replicated" else [model.variables[0].device]
-        for kind in ("update", "flags"):
+        checks = [] if strategy == "replicated" else copies
+        for kind, on_devices in (("update", copies), ("finite_flags", checks)):
             on = [test_util.local_device(c.device) for c in _calls(graph, kind)]
-            self.assertEqual(on, [test_util.local_device(d) for d in copies], kind)
+            self.assertEqual(on, [test_util.local_device(d) for d in on_devices], kind)
 
     def test_no_program_is_compiled_again_when_the_distinct_ids_change(self):
         """Every compiled program's arguments keep their shapes from step to step. Before: the
@@ -102,9 +105,9 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             step = _step(model, model.local, devices, accumulate)
             graph = step.get_concrete_function(test_util.batch(11)).graph
             # (With accumulation, the update runs in a branch, on the sums: dense.)
-            updates, flags = _calls(graph, "update"), _calls(graph, "flags")
+            updates, flags = _calls(graph, "update"), _calls(graph, "finite_flags")
             self.assertLen(updates, 0 if every else 3)
-            self.assertNotEmpty(flags)
+            self.assertNotEmpty(flags + updates)
             for call in _calls(graph) + updates + flags:
                 for arg in call.inputs:
                     self.assertTrue(arg.shape.is_fully_defined(), (sharded, call.name, arg))

@@ -20,11 +20,14 @@ def _spec(device):
 
 
 def _checks(graph):
-    """The ops that decide whether gradients are finite: IsFinite, or a compiled check."""
+    """The ops that decide whether gradients are finite: IsFinite, or a compiled check (its
+    own program, or a `Replicated` copy's update program, which checks before it writes)."""
     found = []
     for op in graph.get_operations():
         program = op.node_def.attr["f"].func.name if "f" in op.node_def.attr else ""
-        if op.type == "IsFinite" or "__inference_flags_" in program:
+        if op.type == "IsFinite" or any(
+            f"__inference_{name}_" in program for name in ("finite_flags", "update")
+        ):
             found.append(op)
     return found
 

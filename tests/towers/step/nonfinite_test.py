@@ -334,28 +334,42 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         for total in accumulator.sum_variables:
             self.assertAllEqual(total, tf.zeros_like(total))
 
-    @parameterized.product(nonfinite=["skip", "raise"], rate=["variable", "schedule"])
-    def test_a_learning_rate_gone_bad_changes_nothing(self, nonfinite, rate):
+    @parameterized.product(
+        nonfinite=["skip", "raise"], rate=["variable", "schedule"], replicated=[False, True]
+    )
+    def test_a_learning_rate_gone_bad_changes_nothing(self, nonfinite, rate, replicated):
+        """On a parameter server (checked beside the gradients), and in `Replicated` copies'
+        compiled updates (each checks the rate it uses inside its program)."""
         devices = test_util.devices(2)
-        model = _build()
+        model = towers.Replicated(_build, devices) if replicated else _build()
+        local = model.local if replicated else lambda: model
         lr = tf.Variable(0.1)
         optimizer = towers.Adam(lr if rate == "variable" else _Scaled(lr))
 
         @tf.function
         def step(batch):
             return towers.train_step(
-                test_util.loss_fn(model), model, optimizer, batch, devices, nonfinite=nonfinite
+                lambda b: test_util.loss_fn(local())(b),
+                model,
+                optimizer,
+                batch,
+                devices,
+                nonfinite=nonfinite,
+                jit_compile=replicated,
             )
 
         step(test_util.batch(4))
-        before = _state(model) + [v.numpy() for v in optimizer.variables if v is not lr]
+        copies = model.replicas if replicated else [model]
+        before = [w for m in copies for w in _state(m)]
+        before += [v.numpy() for v in optimizer.variables if v is not lr]
         lr.assign(np.inf)
         if nonfinite == "raise":
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"\[the learning rate\]"):
                 step(test_util.batch(4, seed=1))
         else:
             step(test_util.batch(4, seed=1))
-        after = _state(model) + [v.numpy() for v in optimizer.variables if v is not lr]
+        after = [w for m in copies for w in _state(m)]
+        after += [v.numpy() for v in optimizer.variables if v is not lr]
         for got, want in zip(after, before):
             self.assertAllEqual(got, want)
 

@@ -1,0 +1,185 @@
+"""Where a models-suite step's time goes on the GPU: a profiler trace of a few steps per row.
+
+On the lent H200, after the kit:
+
+    python3 .ci/gpu/trace.py --devices=2 --configs='^(mirrored xla|towers replicated xla)$'
+
+Builds the models suite's rows (as `python -m towers.bench --suite=models` does), times them
+interleaved, then traces `--steps` steps of each with TensorFlow's profiler and prints, per
+row and traced step: the host's wall time of the call, each GPU stream's busy time, the idle
+gaps over 50 us on the GPU (all streams together) and what ran around them, and the kernels
+by time. The raw traces go to $OUT (gzipped xplane, one per row) for a closer look.
+"""
+
+import argparse
+import collections
+import glob
+import gzip
+import os
+import re
+import shutil
+import sys
+import time
+
+import tensorflow as tf
+
+from towers.bench._model_steps import model_rows
+from towers.bench._model_suite import shared_factory
+from towers.bench._real_models import REAL_MODELS, mean_loss, repeated_dataset
+from towers.bench._worker import bench_devices, mirrored_strategy, time_interleaved
+
+
+def main() -> None:
+    """Builds, times and traces the rows; prints what each trace says."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="gpt")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--gpu_split_mb", type=int, default=60000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--configs", default="^(mirrored xla|towers replicated xla)$")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--timed", type=int, default=10)
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/trace_out"))
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    devices = bench_devices(args.devices, args.gpu_split_mb if args.devices > 1 else 100000)
+    real = REAL_MODELS[args.model]
+    build = lambda: real.build(compute_dtype=args.dtype)  # noqa: E731
+    reference = build()
+    make_model = shared_factory(reference, build)
+    batch = real.batch(args.batch, 0)
+    with tf.device("/cpu:0"):
+        data = tuple(tf.constant(t) for t in batch)
+    strategy = mirrored_strategy(devices)
+    rows = model_rows(
+        make_model, mean_loss, devices, strategy, repeated_dataset(batch), jit_compile=True
+    )
+    chosen = {label: row for label, row in rows.items() if re.search(args.configs, label)}
+    built = {}
+    for label, config in chosen.items():
+        began = time.perf_counter()
+        built[label] = config()
+        float(built[label](data))
+        print(f"built {label}: {time.perf_counter() - began:.1f} s", flush=True)
+    for label, (_, seconds, loss) in time_interleaved(built, data, args.timed, 3).items():
+        print(f"timed {label}: {seconds * 1e3:.2f} ms, loss {loss:.6f}", flush=True)
+    for n, (label, step) in enumerate(built.items()):
+        logdir = os.path.join("/tmp/trace", str(n))
+        shutil.rmtree(logdir, ignore_errors=True)
+        walls = []
+        options = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=3, device_tracer_level=1
+        )
+        tf.profiler.experimental.start(logdir, options=options)
+        for i in range(args.steps):
+            began = time.perf_counter()
+            with tf.profiler.experimental.Trace("towers_step", step_num=i):
+                float(step(data))
+            walls.append((time.perf_counter() - began) * 1e3)
+        tf.profiler.experimental.stop()
+        (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+        with open(path, "rb") as raw, gzip.open(f"{args.out}/trace{n}.xplane.pb.gz", "wb") as out:
+            shutil.copyfileobj(raw, out)
+        print(f"\n== {label} (trace{n}): host walls {', '.join(f'{w:.2f}' for w in walls)} ms")
+        summarize(path, args.steps)
+        sys.stdout.flush()
+
+
+def summarize(path: str, steps: int) -> None:
+    """Prints each GPU stream's busy time, the GPU's idle gaps, kernels by time, a timeline."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    events, host, marks = [], [], []  # (start_ns, end_ns, plane, line, name)
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        on_gpu = plane.name.startswith("/device:GPU")
+        if not on_gpu and not plane.name.startswith("/host:CPU"):
+            continue
+        for line in plane.lines:
+            if on_gpu and line.name in ("XLA Ops", "XLA Modules", "Steps", "TensorFlow Ops"):
+                continue
+            base = line.timestamp_ns
+            for e in line.events:
+                start = base + e.offset_ps // 1000
+                name = names.get(e.metadata_id, "?")
+                row = (start, start + e.duration_ps // 1000, plane.name[-5:], line.name, name)
+                if on_gpu:
+                    events.append(row)
+                elif name == "towers_step":
+                    marks.append(row)
+                elif re.search(_HOST, name):
+                    host.append(row)
+    marks.sort()
+    host.sort()
+    print(f"step marks: {[round((m[1] - m[0]) / 1e6, 2) for m in marks]} ms")
+    if marks:
+        begin, finish = marks[-1][0], marks[-1][1]
+        print("  host ops of the last step (start ms, us, thread, name):")
+        shown = [h for h in host if begin <= h[0] <= finish and h[1] - h[0] > 10_000]
+        for start, end, _, line, name in shown[:80]:
+            at, took = (start - begin) / 1e6, (end - start) / 1e3
+            print(f"    {at:8.2f} {took:7.0f} {line[:18]:18s} {name[:70]}")
+    if not events:
+        print("no GPU events")
+        return
+    events.sort()
+    host.sort()
+    busy = collections.Counter()
+    for start, end, plane, line, _ in events:
+        busy[(plane, line)] += end - start
+    for key, ns in sorted(busy.items()):
+        print(f"  busy {key[0]} {key[1][:40]:40s} {ns / 1e6 / steps:8.3f} ms/step")
+    by_name = collections.Counter()
+    for start, end, plane, _, name in events:
+        by_name[(plane, _kind(name))] += end - start
+    for (plane, kind), ns in by_name.most_common(14):
+        print(f"    {plane} {kind[:70]:70s} {ns / 1e6 / steps:8.3f} ms/step")
+    if not marks:
+        return
+    last = [e for e in events if begin <= e[0] <= finish + 5_000_000]
+    gaps, reach = [], begin
+    for event in last:
+        if event[0] - reach > 50_000:
+            gaps.append((reach - begin, event[0] - reach))
+        reach = max(reach, event[1])
+    print(
+        f"  last step: host {(finish - begin) / 1e6:.2f} ms; GPU from "
+        f"{(last[0][0] - begin) / 1e6:.2f} to {(reach - begin) / 1e6:.2f} ms; idle gaps "
+        f"(at ms, us): {[(round(a / 1e6, 2), round(g / 1e3)) for a, g in gaps][:30]}"
+    )
+    segments = {}
+    for start, end, plane, line, name in last:
+        key = (plane, line)
+        seg = segments.get(key)
+        if seg and start - seg[-1][1] < 30_000:
+            seg[-1][1] = max(seg[-1][1], end)
+            seg[-1][3] += 1
+        else:
+            segments.setdefault(key, []).append([start, end, name, 1])
+    print("  segments of the last step (stream: start-end ms, kernels, first):")
+    for key, segs in sorted(segments.items()):
+        shown = [s for s in segs if s[1] - s[0] >= 20_000 or len(segs) < 12]
+        text = "; ".join(
+            f"{(a - begin) / 1e6:.2f}-{(b - begin) / 1e6:.2f} x{n} {first[:28]}"
+            for a, b, first, n in shown[:14]
+        )
+        print(f"    {key[0]} {key[1][:24]}: {text}")
+
+
+_HOST = "|".join(
+    ("XlaRun", "XlaLaunch", "_XlaCompile", "PartitionedCall", "_Send", "_Recv", "Assert")
+    + ("Iterator", "EagerExecute", "Wait", "Memcpy")
+)
+
+
+def _kind(name: str) -> str:
+    """A kernel's family: its name without numbers."""
+    return re.sub(r"[0-9]+", "N", name)
+
+
+if __name__ == "__main__":
+    main()
