@@ -12,13 +12,21 @@ from towers.ops.internal import (
     library_code,
     update_ops,
 )
-from towers.optimizers import AppliesGradients, Judged, Optimizer
+from towers.optimizers import AppliesGradients, Optimizer
 from towers.step._accumulator import GradientAccumulator
 from towers.step._compiled import check_jit_compile
 from towers.step._hook_checks import checked, unique_rows
 from towers.step._loss_scale import LossScale, scale_value
-from towers.step._nonfinite import applied, finite_rate, kept_state, raised, resolve
-from towers.step._verdict import Verdict, judge, judgeable, judged
+from towers.step._nonfinite import (
+    applied,
+    finite_rate,
+    judged_inside,
+    judging_updates,
+    kept_state,
+    raised,
+    resolve,
+)
+from towers.step._verdict import Verdict, judge
 from towers.variables import ReducedGradients
 
 GradientHook = Callable[[list, list], Sequence]
@@ -181,8 +189,8 @@ def _apply_now(
                 checks += checked(hooked_grads, grads, copy.variables)
                 grads = hooked_grads
         hooked.append(grads)
-    if _judged_inside(reduced, hooked, nonfinite, others, jit, optimizer, hook is None):
-        updates, verdict = _judging_updates(reduced, hooked, optimizer, nonfinite)
+    if judged_inside(reduced, hooked, nonfinite, others, jit, optimizer, hook is None):
+        updates, verdict = judging_updates(reduced, hooked, optimizer, nonfinite, _pairs)
     else:
         rates = None
         if isinstance(optimizer, Optimizer):
@@ -207,32 +215,6 @@ def _pairs(copy: ReducedGradients, grads: Sequence) -> list:
         for j, (g, v) in enumerate(zip(grads, copy.variables))
         if g is not None and _keeps(copy, j)
     ]
-
-
-def _judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer, alike) -> bool:
-    """Whether each copy's update program decides its verdict.
-
-    Compiled, a towers optimizer, and copies that judge alone (`judgeable`).
-    """
-    if nonfinite is None or not jit or not alike or not isinstance(optimizer, Optimizer):
-        return False
-    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
-    variables = [c.variables for c in reduced]
-    return judgeable(grads, variables, [c.device for c in reduced], elsewhere)
-
-
-def _judging_updates(reduced, grads, optimizer: Optimizer, nonfinite: str) -> tuple:
-    """Each copy's one update program, its verdict decided inside (no program before it)."""
-    copies, updates = [], []
-    for copy, copy_grads in zip(reduced, grads):
-        copies.append(Judged())
-        with device_scope(copy.device):
-            pairs = _pairs(copy, copy_grads)
-            updates.append(optimizer.apply_gradients(pairs, finite=copies[-1], jit_compile=True))
-    names_of = functools.partial(optimizer.state_name, create=False)
-    variables = [c.variables for c in reduced]
-    devices = [c.device for c in reduced]
-    return updates, judged(copies, grads, variables, devices, nonfinite, names_of)
 
 
 def _judged(

@@ -8,7 +8,9 @@ and stall every update behind it (4-18% of a GPU step, measured); and `Replicate
 that hold the same all-reduced gradients each judge their own, so that no verdict crosses
 between devices either (on the H200 the guard cost 8% of a GPT step at K=2 with one verdict,
 2% with each copy's own). This module owns the guard: its modes and their one default, the
-verdict (`towers.step._verdict`), the choice of every write, and "raise"'s error.
+verdict (`towers.step._verdict`; or, for `Replicated` copies whose updates are compiled, each
+copy's update program decides it, from what it applies: `judging_updates`), the choice of
+every write, and "raise"'s error.
 
 - "skip": the step changes nothing (weights, optimizer slots and step counts, state updated
   beside them such as BatchNorm's moving averages, accumulated sums); a `LossScale` counts it.
@@ -20,15 +22,16 @@ verdict (`towers.step._verdict`), the choice of every write, and "raise"'s error
 - None: no check.
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from towers.ops.internal import device_scope, host_scope, library_code, selected, update_ops
-from towers.optimizers import AppliesGradients, Optimizer
+from towers.optimizers import AppliesGradients, Judged, Optimizer
 from towers.step._loss_scale import DynamicLossScale
-from towers.step._verdict import Verdict
+from towers.step._verdict import Verdict, judgeable, judged
 
 NONFINITE = ("raise", "skip", None)
 DEFAULT = "default"
@@ -86,6 +89,37 @@ def applied(
     if finite is None:
         return apply_gradients(pairs)
     return tf.cond(finite, lambda: _done(apply_gradients(pairs)), _skipped)
+
+
+def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer, alike) -> bool:
+    """Whether each copy's update program decides its verdict.
+
+    Compiled, a towers optimizer, and copies that judge alone (`judgeable`).
+    """
+    if nonfinite is None or not jit or not alike or not isinstance(optimizer, Optimizer):
+        return False
+    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
+    variables = [c.variables for c in reduced]
+    return judgeable(grads, variables, [c.device for c in reduced], elsewhere)
+
+
+def judging_updates(
+    reduced, grads, optimizer: Optimizer, nonfinite: str, pairs: Callable
+) -> tuple[list, Verdict]:
+    """Each copy's one update program, its verdict decided inside (no program before it).
+
+    `pairs(copy, grads)`: the (gradient, variable) pairs a copy updates.
+    """
+    copies, updates = [], []
+    for copy, copy_grads in zip(reduced, grads):
+        copies.append(Judged())
+        with device_scope(copy.device):
+            updated = pairs(copy, copy_grads)
+            updates.append(optimizer.apply_gradients(updated, finite=copies[-1], jit_compile=True))
+    names_of = functools.partial(optimizer.state_name, create=False)
+    variables = [c.variables for c in reduced]
+    devices = [c.device for c in reduced]
+    return updates, judged(copies, grads, variables, devices, nonfinite, names_of)
 
 
 def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:
