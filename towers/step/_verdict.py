@@ -137,10 +137,16 @@ def judgeable(
     own, nothing from other processes), with every variable of a copy on its device: then
     the check can be the first part of the copy's one update program.
     """
-    return _judged_locally(per_copy, devices, elsewhere) and all(
-        _holds(device, var.device)
-        for copy_variables, device in zip(variables, devices)
-        for var in copy_variables
+    return (
+        _judged_locally(per_copy, devices, elsewhere)
+        and all(
+            _holds(device, var.device)
+            for copy_variables, device in zip(variables, devices)
+            for var in copy_variables
+        )
+        # One update program per copy: the update groups variables by their device's name,
+        # which a v1 graph keeps as written ("/job:localhost/device:CPU:0" or "/device:CPU:0").
+        and all(len({var.device for var in copy_variables}) == 1 for copy_variables in variables)
     )
 
 

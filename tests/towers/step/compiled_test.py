@@ -107,10 +107,41 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             # (With accumulation, the update runs in a branch, on the sums: dense.)
             updates, flags = _calls(graph, "update"), _calls(graph, "finite_flags")
             self.assertLen(updates, 0 if every else 3)
-            self.assertNotEmpty(flags + updates)
+            # (A check of its own where the update does not judge: accumulating, sharded.)
+            self.assertEqual(bool(flags), bool(every or sharded), (sharded, every))
             for call in _calls(graph) + updates + flags:
                 for arg in call.inputs:
                     self.assertTrue(arg.shape.is_fully_defined(), (sharded, call.name, arg))
+
+    def test_a_copy_whose_devices_are_spelled_two_ways_in_a_v1_graph(self):
+        """A v1 graph keeps a variable's device as written: a copy with "/device:CPU:0" and
+        "/job:localhost/device:CPU:0" is one device but two names, and its update two
+        programs, so its check stays a program of its own. Before, the step refused to build
+        ("A verdict judged in the update needs one compiled program")."""
+
+        class Spelled(tf.Module):
+            def __init__(self):
+                super().__init__(name="m")
+                self.a = tf.Variable(tf.ones([3]), name="a")
+                with tf.device("/job:localhost"):
+                    self.b = tf.Variable(tf.ones([3]), name="b")
+
+        devices = test_util.devices(2)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            model = towers.Replicated(Spelled, devices)
+            x = tf.compat.v1.placeholder(tf.float32, [4, 3])
+
+            def loss_fn(shard):
+                local = model.local()
+                return tf.reduce_sum(local.a * shard) + tf.reduce_sum(local.b * shard)
+
+            loss, _ = towers.train_step(
+                loss_fn, model, towers.SGD(0.1), x, devices, jit_compile=True
+            )
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(loss, {x: np.ones([4, 3], np.float32)})
+            for replica in model.replicas:  # each tower's gradient: its 2 rows of ones, summed
+                self.assertAllClose(session.run(replica.b), [0.8] * 3)
 
     def test_micro_batches_loss_scale_hook_and_keras_layers(self):
         devices = test_util.devices(2)
