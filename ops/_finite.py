@@ -47,10 +47,7 @@ def finite_flags(tensors: Sequence[tf.Tensor], *, laid_out: bool = True) -> tf.T
     flags = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
     if order == sorted(order):
         return flags
-    inverse = [0] * len(order)
-    for position, i in enumerate(order):
-        inverse[i] = position
-    return tf.gather(flags, inverse)
+    return tf.gather(flags, sorted(range(len(order)), key=order.__getitem__))  # back in order
 
 
 def _chunk_flags(tensors: list[tf.Tensor]) -> tf.Tensor:

@@ -190,7 +190,8 @@ def _apply_now(
                 grads = hooked_grads
         hooked.append(grads)
     if judged_inside(reduced, hooked, nonfinite, others, jit, optimizer, hook is None):
-        updates, verdict = judging_updates(reduced, hooked, optimizer, nonfinite, _pairs)
+        pairs = [_pairs(copy, grads) for copy, grads in zip(reduced, hooked)]
+        updates, verdict = judging_updates(reduced, hooked, optimizer, nonfinite, pairs)
     else:
         rates = None
         if isinstance(optimizer, Optimizer):

@@ -104,17 +104,16 @@ def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer,
 
 
 def judging_updates(
-    reduced, grads, optimizer: Optimizer, nonfinite: str, pairs: Callable
+    reduced, grads, optimizer: Optimizer, nonfinite: str, pairs: Sequence[list]
 ) -> tuple[list, Verdict]:
     """Each copy's one update program, its verdict decided inside (no program before it).
 
-    `pairs(copy, grads)`: the (gradient, variable) pairs a copy updates.
+    `pairs[i]`: the (gradient, variable) pairs copy i updates.
     """
     copies, updates = [], []
-    for copy, copy_grads in zip(reduced, grads):
+    for copy, updated in zip(reduced, pairs):
         copies.append(Judged())
         with device_scope(copy.device):
-            updated = pairs(copy, copy_grads)
             updates.append(optimizer.apply_gradients(updated, finite=copies[-1], jit_compile=True))
     names_of = functools.partial(optimizer.state_name, create=False)
     variables = [c.variables for c in reduced]

@@ -242,10 +242,8 @@ def _finite_flags(values: list[tf.Tensor], compiled: bool) -> tf.Tensor:
     inside = program([values[i] for i in fixed])
     if len(fixed) == len(values):
         return inside
-    varying = [i for i in range(len(values)) if i not in set(fixed)]
+    varying = [i for i, v in enumerate(values) if not v.shape.is_fully_defined()]
     outside = finite_flags([values[i] for i in varying], laid_out=False)
-    order = fixed + varying  # where each value's flag is in [inside, outside]
-    inverse = [0] * len(order)
-    for position, i in enumerate(order):
-        inverse[i] = position
-    return tf.gather(tf.concat([inside, outside], 0), inverse)
+    order = fixed + varying  # the value each flag of [inside, outside] is for
+    where = sorted(range(len(order)), key=order.__getitem__)  # each value's flag
+    return tf.gather(tf.concat([inside, outside], 0), where)
