@@ -10,6 +10,7 @@ from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import ALGORITHMS, all_reduce_algorithm
 from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.gather_add import GatherAddAllReduce
 from towers.ops._all_reduce.hierarchical import HierarchicalAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
@@ -28,6 +29,7 @@ __all__ = [
     "AllReduce",
     "AutoAllReduce",
     "CollectiveAllReduce",
+    "GatherAddAllReduce",
     "HierarchicalAllReduce",
     "NcclAllReduce",
     "PackSpec",

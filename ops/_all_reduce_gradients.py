@@ -8,7 +8,8 @@ from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._all_reduce.checks import check_wire_dtype
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
-from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec, unpack
+from towers.ops._packed_sum import PackedSum, packed_gradients
+from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec
 from towers.ops._slices import deduplicated, densified
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
@@ -120,11 +121,11 @@ def all_reduce_gradients(
                 bucket_bytes,
                 wire_dtype,
                 carry,
+                [column_dtype(tower_grads, j) for j, _ in dense_columns],
             )
-            for i, device in enumerate(devices):
-                with tf.device(device):  # half precision: the cast back, on the tower
-                    for (j, _), value in zip(dense_columns, reduced[i]):
-                        out[i][j] = tf.cast(value, column_dtype(tower_grads, j))
+            for i in range(len(devices)):
+                for (j, _), value in zip(dense_columns, reduced[i]):
+                    out[i][j] = value
         return out
 
 
@@ -212,7 +213,8 @@ def _reduce_dense(
     algorithm: AllReduce,
     bucket_bytes: int | None,
     wire_dtype,
-    carry: bool = False,
+    carry: bool,
+    dtypes: list[tf.DType],
 ) -> list[list[tf.Tensor]]:
     """The weighted sum of N columns of K tensors, packed in buckets; returns K lists of N.
 
@@ -221,6 +223,9 @@ def _reduce_dense(
     mean does not), after it otherwise (one per device and bucket). With `carry` the weights
     are not normalized: a one packed after the gradients sums to the weights' total, which
     every bucket is divided by (the last element of its bucket, since it is packed last).
+    Each result is cast back to its column's dtype (`dtypes`) on its device. Each device's
+    results are a `PackedSum`'s (its buckets' terms, the weight, the division, the casts):
+    a compiled update reading them takes those steps itself.
     """
     k = len(devices)
     per_tower = [[column[i] for column in columns] for i in range(k)]
@@ -241,8 +246,8 @@ def _reduce_dense(
         with tf.device(device):
             buckets = pack(tensors, spec)
             packed.append(buckets if equal else [b * weight_in(weight, b.dtype) for b in buckets])
-    summed = [
-        algorithm(
+    terms = [
+        algorithm.sum_terms(
             [packed[i][b] for i in range(k)], devices, wire_dtype=wire_for(packed[0][b], wire_dtype)
         )
         for b in range(len(spec.buckets))
@@ -250,13 +255,10 @@ def _reduce_dense(
     out = []
     for i, device in enumerate(devices):
         with tf.device(device):
-            buckets = [bucket[i] for bucket in summed]
-            if equal:
-                buckets = [b * weight_in(weights[0], b.dtype) for b in buckets]
-            if carry:
-                total = next(b for b, m in zip(buckets, spec.buckets) if len(columns) in m)[-1]
-                buckets = [b / tf.cast(total, b.dtype) for b in buckets]
-            out.append(unpack(buckets, spec)[: len(columns)])
+            mine = [bucket[i] for bucket in terms]
+            factor = weights[0] if equal else None
+            summed = PackedSum(mine, spec, factor, dtypes + [tf.float32] * carry, carry)
+            out.append(packed_gradients(summed, len(columns)))
     return out
 
 

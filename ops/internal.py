@@ -18,7 +18,10 @@ training program needs none of it. It is the one door through which `towers` rea
 - Weights of a mean: `normalized_weights`, `weight_in`, `accumulation_dtype`, and the types
   `Weight` and `Gradient`.
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
-  unique), `check_bucket_bytes`.
+  unique), `check_bucket_bytes`, and `packed_arguments` (all-reduced gradients as the terms
+  a compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`), and
+  `sparse_mode` (`Replicated`'s "auto" for `tf.IndexedSlices`: dense on logical GPUs of one
+  GPU, gathered elsewhere).
 - The AutoGraph rule: `library_code` marks a function AutoGraph must not convert (every
   public function of `towers` and `towers.ops` carries it, or calls user code through
   `towers.core.user_code_entry`).
@@ -55,9 +58,11 @@ from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
 from towers.ops._ownership import owners_by_bytes
+from towers.ops._packed_sum import packed_arguments
 from towers.ops._packing import check_bucket_bytes
 from towers.ops._selected import selected
 from towers.ops._slices import deduplicated, densified
+from towers.ops._sparse_mode import sparse_mode
 from towers.ops._tower_grads import Gradient
 from towers.ops._updates import update_ops
 from towers.ops._weighted_mean import Weight, accumulation_dtype, normalized_weights, weight_in
@@ -90,10 +95,12 @@ __all__ = [
     "normalized_weights",
     "outermost_graph",
     "owners_by_bytes",
+    "packed_arguments",
     "random_group_key",
     "reduce_on",
     "reduce_to_owners",
     "selected",
+    "sparse_mode",
     "spread",
     "sum_on",
     "trace_count",

@@ -93,6 +93,7 @@ OPS_NAMES = [
     "AllReduce",
     "AutoAllReduce",
     "CollectiveAllReduce",
+    "GatherAddAllReduce",
     "HierarchicalAllReduce",
     "MODES",
     "NcclAllReduce",

@@ -21,10 +21,11 @@ run() {  # name, seconds, flags...
 # compiled; and its whole replica step), the hand-written loop with its update compiled, and
 # towers compiled (its update too; "skip", the default with a loss scale; without the guard;
 # with its update uncompiled). At K=2 the
-# same less the one-device rows, and the embedding's gradient exchanged dense (sparse="dense").
+# same less the one-device rows, the embedding's rows gathered (sparse="gather": the default
+# "auto" sends it dense on one split GPU), and the ring (what "auto" took before gather_add).
 # Uncompiled: one device, MirroredStrategy and towers.
 k1='^(one device xla|mirrored xla|mirrored xla, whole replica|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, skip|towers replicated xla, no guard|towers replicated xla, update uncompiled)$'
-k2='^(mirrored xla|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, skip|towers replicated xla, no guard|towers replicated xla, update uncompiled|towers replicated xla, sparse dense)$'
+k2='^(mirrored xla|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, skip|towers replicated xla, no guard|towers replicated xla, update uncompiled|towers replicated xla, sparse gather|towers replicated xla, ring, 64 MiB buckets)$'
 ours='towers replicated xla|towers replicated xla, no guard|towers replicated xla, update uncompiled'
 plain='^(one device|mirrored|towers replicated)$'
 # Seen at e127387: a GPT configuration compiles in 15-55 s, a ResNet-50 one in 45-60 s.

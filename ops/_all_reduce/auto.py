@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 
 from towers.ops._all_reduce.base import AllReduce
+from towers.ops._all_reduce.gather_add import GatherAddAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
@@ -17,8 +18,9 @@ class AutoAllReduce(AllReduce):
 
     Args:
       small_bytes: Off NCCL, values up to this size go through `ReduceBroadcastAllReduce`
-        (fewest ops), larger ones through `RingAllReduce` (spreads the additions over the
-        devices).
+        (fewest ops); larger ones on two devices through `GatherAddAllReduce` (a ring's
+        bytes in one hop, its additions left to the program that uses the sum), on more
+        through `RingAllReduce` (spreads the additions over the devices).
     """
 
     name = "auto"
@@ -27,6 +29,7 @@ class AutoAllReduce(AllReduce):
         self.small_bytes = small_bytes
         self._nccl = NcclAllReduce()
         self._small, self._large = ReduceBroadcastAllReduce(), RingAllReduce()
+        self._pair = GatherAddAllReduce()
 
     def choose(self, value: tf.Tensor, devices: Sequence[str]) -> AllReduce:
         """The algorithm `AutoAllReduce` uses for `value` on `devices`.
@@ -36,18 +39,24 @@ class AutoAllReduce(AllReduce):
           devices: The devices of the all-reduce.
 
         Returns:
-          One of this instance's own `NcclAllReduce`, `ReduceBroadcastAllReduce` or
-          `RingAllReduce`.
+          One of this instance's own `NcclAllReduce`, `ReduceBroadcastAllReduce`,
+          `GatherAddAllReduce` or `RingAllReduce`.
         """
         if self._nccl.refusal(devices) is None:
             return self._nccl
         elements = value.shape.num_elements()
         if elements is not None and elements * value.dtype.size <= self.small_bytes:
             return self._small
-        return self._large
+        return self._pair if len(devices) == 2 else self._large
 
     def sum(
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[tf.Tensor]:
         """Delegates to the algorithm `choose` picks; see `AllReduce.sum`."""
         return self.choose(values[0], devices)(values, devices, wire_dtype=wire_dtype)
+
+    def _terms(
+        self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
+    ) -> list[list[tf.Tensor]]:
+        """Delegates to the algorithm `choose` picks; see `AllReduce.sum_terms`."""
+        return self.choose(values[0], devices)._terms(values, devices, wire_dtype)

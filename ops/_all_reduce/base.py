@@ -66,9 +66,7 @@ class AllReduce(abc.ABC):
           tf.errors.InvalidArgumentError: when the step runs, if shapes known only then
             differ.
         """
-        values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
-        checks.check(values, devices, reduction, wire_dtype)
-        values = checks.same_shapes_at_run_time(values, devices)
+        values, devices = checks.checked(values, devices, reduction, wire_dtype)
         if self.group_size(len(values)) == 1:
             with tf.device(devices[0]):
                 return [tf.identity(values[0])]
@@ -76,6 +74,38 @@ class AllReduce(abc.ABC):
         return (
             summed if reduction == "sum" else _means(summed, devices, self.group_size(len(values)))
         )
+
+    @library_code
+    def sum_terms(
+        self,
+        values: Sequence[tf.Tensor],
+        devices: Sequence[str],
+        *,
+        wire_dtype: tf.DType | None = None,
+    ) -> list[list[tf.Tensor]]:
+        """Each device's terms of the sum, to add in order where the sum is used.
+
+        `tf.add_n(terms[i])` is the sum on `devices[i]`, bitwise equal everywhere: each
+        device's sum alone, or (`GatherAddAllReduce`) the K values, which a compiled program
+        reading the sum (a compiled update) adds as it reads them.
+
+        Args:
+          values: K tensors of one shape and dtype, `values[i]` on `devices[i]`.
+          devices: The K devices.
+          wire_dtype: As in `__call__` (whose errors it raises).
+
+        Returns:
+          K lists of tensors, list i on `devices[i]`.
+        """
+        values, devices = checks.checked(values, devices, "sum", wire_dtype)
+        if self.group_size(len(values)) == 1:
+            with tf.device(devices[0]):
+                return [[tf.identity(values[0])]]
+        return self._terms(values, devices, wire_dtype)
+
+    def _terms(self, values: list, devices: list, wire_dtype) -> list[list[tf.Tensor]]:
+        """`sum_terms` past its checks: each device's `sum` alone, unless overridden."""
+        return [[total] for total in self.sum(values, devices, wire_dtype)]
 
     @library_code
     def reduce_scatter(

@@ -98,3 +98,10 @@ def check_wire_dtype(wire_dtype: tf.DType | None) -> None:
         raise ValueError(
             f"`wire_dtype` must be None, tf.float16 or tf.bfloat16; got {wire_dtype!r}."
         )
+
+
+def checked(values: Sequence, devices: Sequence, reduction: str, wire_dtype) -> tuple:
+    """`values` as checked tensors (shapes also when the step runs), `devices` as a list."""
+    values, devices = [tf.convert_to_tensor(v) for v in values], list(devices)
+    check(values, devices, reduction, wire_dtype)
+    return same_shapes_at_run_time(values, devices), devices

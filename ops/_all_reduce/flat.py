@@ -8,6 +8,7 @@ leaders.
 from towers.ops._all_reduce.auto import AutoAllReduce
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.collective import CollectiveAllReduce
+from towers.ops._all_reduce.gather_add import GatherAddAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
@@ -17,6 +18,7 @@ FLAT: dict[str, type[AllReduce]] = {
     for c in (
         AutoAllReduce,
         CollectiveAllReduce,
+        GatherAddAllReduce,
         NcclAllReduce,
         ReduceBroadcastAllReduce,
         RingAllReduce,

@@ -5,7 +5,7 @@ from absl.testing import parameterized
 from tests import test_util
 from towers import ops
 
-ALGORITHMS = ("reduce_broadcast", "ring", "collective", "hierarchical", "auto")
+ALGORITHMS = ("reduce_broadcast", "ring", "collective", "hierarchical", "auto", "gather_add")
 
 
 class _Counting(ops.AllReduce):

@@ -9,6 +9,7 @@ from absl.testing import parameterized
 import towers
 from tests import test_util
 from towers import ops
+from towers.ops import _sparse_mode, internal
 from towers.ops._all_reduce import nccl
 
 CPU_ALGORITHMS = (
@@ -17,6 +18,7 @@ CPU_ALGORITHMS = (
     "collective",
     "hierarchical",
     "auto",
+    "gather_add",
     "add_everywhere",
 )
 
@@ -98,6 +100,32 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         for result in out:
             test_util.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(result, out[0])  # bitwise identical everywhere
+
+    @parameterized.product(algorithm=CPU_ALGORITHMS, k=[2, 3])
+    def test_sum_terms_add_up_to_the_sum_on_every_device(self, algorithm, k):
+        """`sum_terms`: each device's terms, on it, whose in-order sum is the all-reduce's
+        (bitwise equal everywhere); `gather_add` gives every value, the others the sum."""
+        values = [np.full([3], 0.1 * (i + 1), np.float32) for i in range(k)]
+        devices = test_util.devices(k)
+
+        @tf.function
+        def terms(*tensors):
+            placed = []
+            for tensor, device in zip(tensors, devices):
+                with tf.device(device):
+                    placed.append(tf.identity(tensor))
+            out = _algorithm(algorithm).sum_terms(placed, devices)
+            self.assertEqual(
+                [{test_util.local_device(t.device) for t in ts} for ts in out],
+                [{d} for d in devices],
+            )
+            return [len(ts) for ts in out], [tf.add_n(ts) for ts in out]
+
+        counts, sums = terms(*[tf.constant(v) for v in values])
+        self.assertEqual([int(c) for c in counts], [k if algorithm == "gather_add" else 1] * k)
+        for total in sums:
+            test_util.assert_allclose(total, np.sum(values, axis=0), rtol=1e-6)
+            np.testing.assert_array_equal(total, sums[0])
 
     @parameterized.parameters(*CPU_ALGORITHMS)
     def test_results_are_built_on_their_devices(self, algorithm):
@@ -181,9 +209,31 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.NcclAllReduce)
         with _physical_gpus([0, 0]):  # one GPU split in two: by size, as on CPUs
             self.assertIsInstance(auto.choose(tf.ones([4]), gpus), ops.ReduceBroadcastAllReduce)
-            self.assertIsInstance(auto.choose(tf.ones([1024]), gpus), ops.RingAllReduce)
+            self.assertIsInstance(auto.choose(tf.ones([1024]), gpus), ops.GatherAddAllReduce)
+            self.assertIsInstance(auto.choose(tf.ones([1024]), gpus * 2), ops.RingAllReduce)
         self.assertIsInstance(auto.choose(tf.ones([4]), cpus), ops.ReduceBroadcastAllReduce)
-        self.assertIsInstance(auto.choose(tf.ones([1024]), cpus), ops.RingAllReduce)
+        self.assertIsInstance(auto.choose(tf.ones([1024]), cpus), ops.GatherAddAllReduce)
+        self.assertIsInstance(auto.choose(tf.ones([1024]), test_util.devices(3)), ops.RingAllReduce)
+
+    def test_replicated_sends_tables_dense_within_one_split_gpu(self):
+        """`Replicated(sparse="auto")`: dense where every device is a logical GPU of one GPU
+        (a copy in its memory costs less than the host round trip of summing rows once),
+        rows gathered elsewhere (GPUs of their own, CPUs)."""
+        gpus = ["/device:GPU:0", "/device:GPU:1", "/device:GPU:2", "/device:GPU:3"]
+        for physical, want in (
+            ([0, 0, 0, 0], "dense"),
+            ([0, 0, 1, 1], "gather"),
+            ([0, 1], "gather"),
+        ):
+            with mock.patch.object(_sparse_mode, "physical_gpu_of_logical", return_value=physical):
+                self.assertEqual(internal.sparse_mode("auto", gpus[: len(physical)]), want)
+                self.assertEqual(internal.sparse_mode("gather", gpus[:2]), "gather")
+        self.assertEqual(internal.sparse_mode("auto", test_util.devices(2)), "gather")
+        self.assertEqual(internal.sparse_mode("dense", test_util.devices(2)), "dense")
+        with self.assertRaisesRegex(
+            ValueError, r"one of \('auto', 'gather', 'dense'\); got 'rows'"
+        ):
+            internal.sparse_mode("rows", gpus)
 
     @parameterized.parameters((8, None, [4, 4]), (8, 3, [3, 3, 2]), (5, None, [3, 2]), (2, 4, [2]))
     def test_hierarchical_reduces_within_groups_and_across_leaders(self, k, size, groups):

@@ -263,10 +263,11 @@ def model_rows(
         rows["hand-written towers xla, update compiled"] = functools.partial(
             replicated, devices=devices, dataset=dataset, compile_update=True
         )
-        if len(devices) > 1:  # the embedding's gradient exchanged dense, not as rows
-            rows["towers replicated xla, sparse dense"] = functools.partial(
-                towers_step, devices=devices, dataset=dataset, replicated=dict(sparse="dense")
-            )
+        if len(devices) > 1:  # the embedding's gradient both ways ("auto" takes one of them)
+            for sparse in ("dense", "gather"):
+                rows[f"towers replicated xla, sparse {sparse}"] = functools.partial(
+                    towers_step, devices=devices, dataset=dataset, replicated=dict(sparse=sparse)
+                )
         if len(devices) > 1:  # the exchange in fewer, larger transfers
             for name, algorithm, size, bucket in (
                 ("ring", "ring", "64 MiB buckets", 64 * 2**20),

@@ -14,7 +14,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import densified, device_scope, finite_flags, selected, update_ops
+from towers.ops.internal import (
+    densified,
+    device_scope,
+    finite_flags,
+    packed_arguments,
+    selected,
+    update_ops,
+)
 
 
 @dataclasses.dataclass
@@ -65,12 +72,13 @@ def copy_updates(
             grads = [grad for grad, _, _ in items]
             if jit_compile:
                 grads = [_static(grad, var) for grad, (_, var, _) in zip(grads, items)]
-                program = compiled_update(optimizer, items, judged=judged is not None)
+                given, terms, rebuilt = packed_arguments(grads)
+                program = compiled_update(optimizer, items, rebuilt, judged=judged is not None)
                 if judged is None:
-                    updates.append(program(grads, lr, done, finite))
+                    updates.append(program(given, terms, lr, done, finite))
                 else:
                     judged.rate_checked = lr is not None
-                    ran, judged.finite, judged.flags = program(grads, lr, done, None)
+                    ran, judged.finite, judged.flags = program(given, terms, lr, done, None)
                     updates.append(ran)
                     finite = judged.finite
             else:
@@ -103,14 +111,20 @@ def _static(grad: Any, var: tf.Variable) -> Any:
     return grad
 
 
-def compiled_update(optimizer: Any, items: list, judged: bool = False) -> Callable[..., Any]:
+def compiled_update(
+    optimizer: Any, items: list, rebuilt: Callable[[list, list], list], judged: bool = False
+) -> Callable[..., Any]:
     """`device_update` of `items` as one XLA program (traced when first called).
 
-    With `judged`, the program decides the verdict first (every gradient as it is applied,
-    dense, and the rate when given) and returns `(done, finite, flags)`.
+    The program takes the gradients as `packed_arguments` gives them (all-reduced ones as
+    their buckets' terms) and builds them with `rebuilt`: the sums, the mean's weight and
+    the unpacking fuse into the update's reads. With `judged`, the program decides the
+    verdict first (every gradient as it is applied, dense, and the rate when given) and
+    returns `(done, finite, flags)`.
     """
 
-    def update(grads: list, lr: Any, done: tf.Tensor, finite: Any) -> Any:
+    def update(given: list, terms: list, lr: Any, done: tf.Tensor, finite: Any) -> Any:
+        grads = rebuilt(given, terms)
         if judged:
             dense = [
                 densified(g, var) if isinstance(g, tf.IndexedSlices) else g

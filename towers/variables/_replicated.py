@@ -14,13 +14,10 @@ from towers.ops.internal import (
     check_all_reduce_options,
     check_bool,
     library_code,
+    sparse_mode,
 )
 from towers.variables._names import Copies, names_of
-from towers.variables._replica_checks import (
-    check_same_structure,
-    copy_first,
-    tower_scope,
-)
+from towers.variables._replica_checks import check_same_structure, copy_first, tower_scope
 from towers.variables._sharded import ShardedState
 from towers.variables._shared_init import built_replicas
 from towers.variables._strategy import ReducedGradients, VariableStrategy, trainable_list
@@ -50,7 +47,8 @@ class Replicated(VariableStrategy):
       all_reduce: The algorithm, a name from `ops.ALGORITHMS` or an `ops.AllReduce`.
       bucket_bytes: Gradient packing bucket size; None for one all-reduce per variable.
       wire_dtype: None, tf.float16 or tf.bfloat16 for compressed transfers.
-      sparse: "gather" (IndexedSlices stay sparse) or "dense".
+      sparse: "gather" (IndexedSlices stay sparse, each row once), "dense", or "auto":
+        "dense" on logical GPUs of one GPU, "gather" elsewhere (`ops.internal.sparse_mode`).
       shard_optimizer_state: Keep each variable's optimizer state on one copy only (its
         owner; whole variables, balanced by bytes: `owners`): gradients are reduce-scattered
         to the owners, each owner updates its variables, and the updated values are
@@ -75,7 +73,7 @@ class Replicated(VariableStrategy):
         all_reduce: str | ops.AllReduce = "auto",
         bucket_bytes: int | None = 64 * 2**20,
         wire_dtype: tf.DType | None = None,
-        sparse: str = "gather",
+        sparse: str = "auto",
         shard_optimizer_state: bool = False,
     ):
         if not callable(build) or isinstance(build, tf.Module):
@@ -87,9 +85,10 @@ class Replicated(VariableStrategy):
         if not self.devices or len(set(self.devices)) != len(self.devices):
             raise ValueError(f"`devices` must be distinct and non-empty; got {self.devices}.")
         check_devices_exist(self.devices)
-        check_all_reduce_options(bucket_bytes, wire_dtype, sparse)
+        self.sparse = sparse_mode(sparse, self.devices)
+        check_all_reduce_options(bucket_bytes, wire_dtype, self.sparse)
         self.algorithm = algorithm_for_workers(all_reduce)
-        self.bucket_bytes, self.wire_dtype, self.sparse = bucket_bytes, wire_dtype, sparse
+        self.bucket_bytes, self.wire_dtype = bucket_bytes, wire_dtype
         self.replicas = built_replicas(build, self.devices)
         check_same_structure(self.replicas)
         self.shard_optimizer_state = check_bool(shard_optimizer_state, "shard_optimizer_state")

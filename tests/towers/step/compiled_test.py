@@ -94,6 +94,48 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             on = [test_util.local_device(c.device) for c in _calls(graph, kind)]
             self.assertEqual(on, [test_util.local_device(d) for d in on_devices], kind)
 
+    @parameterized.parameters((11, "gather_add", 2), (12, "gather_add", 2), (12, "auto", 1))
+    def test_each_copys_update_takes_the_exchanged_buckets(self, examples, algorithm, terms):
+        """Each copy's update program takes the exchange's buckets, not one gradient per
+        variable, and adds, weighs and unpacks them as it reads them: with `gather_add` (what
+        "auto" takes for large values on two devices) both towers' buckets, with "auto" on
+        this small model (`reduce_broadcast`) the sum. Shards of 6 and 5 (each weighted
+        before the exchange) or 6 and 6 (the sum halved inside): the hand-written step's
+        weights, the copies bitwise equal."""
+        devices = test_util.devices(2)
+        reference = test_util.built_model()
+        by_hand = test_util.reference_step(
+            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
+        )
+        model = towers.Replicated(
+            test_util.built_model, devices, all_reduce=algorithm, sparse="dense"
+        )
+        optimizer = towers.SGD(0.1, momentum=0.9)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(model.local())(b), model, optimizer, batch, devices,
+                jit_compile=True,
+            )  # fmt: skip
+
+        for i in range(STEPS):
+            batch = test_util.batch(examples, seed=i)
+            test_util.assert_allclose(step(batch)[0], by_hand(batch)[0], rtol=1e-5)
+        for got, want in zip(model.replicas[1].variables, reference.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        towers.check_replicas_identical(model)
+        trained = [v for v in model.replicas[0].trainable_variables]
+        shapes = {tuple(v.shape) for v in trained}
+        size = sum(v.shape.num_elements() for v in trained if "unused" not in v.name)
+        graph = step.get_concrete_function(test_util.batch(examples)).graph
+        updates = _calls(graph, "update")
+        self.assertLen(updates, 2)
+        for call in updates:
+            values = [t for t in call.inputs if t.dtype == tf.float32 and t.shape.rank]
+            self.assertEqual([t.shape.as_list() for t in values], [[size]] * terms, call.name)
+            self.assertFalse(shapes & {tuple(t.shape) for t in values}, call.name)
+
     def test_no_program_is_compiled_again_when_the_distinct_ids_change(self):
         """Every compiled program's arguments keep their shapes from step to step. Before: the
         embedding's rows, each once after the sum, went into the update and the check as they

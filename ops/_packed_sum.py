@@ -1,0 +1,101 @@
+"""Reduced gradients whose last steps a compiled program that uses them can take itself.
+
+After the exchange, each device holds per bucket the terms of its sum (one, or every tower's:
+`AllReduce.sum_terms`); the gradients are the terms added, scaled by the mean's weight,
+unpacked and cast back. Built as ops, each of those steps is a pass over every gradient
+(and the update program's arguments are the N gradients). A compiled update that takes the
+terms instead adds, scales and slices them as it reads them: no pass of their own, and a few
+buckets as arguments. `PackedSum` records the steps; the gradients built from it are noted
+on their graph, so that such a program finds them (`packed_origin`) and rebuilds them from
+the terms inside. Nothing depends on the program doing so: the ops built here give the same
+values, and TensorFlow prunes them when nothing reads them.
+"""
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Sequence
+
+from towers.ops._packing import PackSpec, unpack
+from towers.ops._tensorflow import tf
+from towers.ops._weighted_mean import weight_in
+
+# Per graph (dropped with it): the name of a tensor packed_gradients built -> (PackedSum, index).
+_NOTES: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(eq=False)
+class PackedSum:
+    """One device's reduced gradients as their buckets' terms.
+
+    Attributes:
+      terms: For each bucket of `spec`, the tensors whose sum (in order) it is.
+      spec: How the gradients were packed.
+      factor: What each summed bucket is multiplied by (the mean's weight, a number), or
+        None.
+      dtypes: Each gradient's dtype (sums of half-precision gradients are float32).
+      divided: Whether the last packed tensor is a one summed to the weights' total (other
+        workers' towers included), which every summed bucket is divided by.
+    """
+
+    terms: list[list[tf.Tensor]]
+    spec: PackSpec
+    factor: float | None
+    dtypes: list[tf.DType]
+    divided: bool = False
+
+    def gradients(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
+        """The gradients, built from `terms` (default this sum's own), in the device scope."""
+        terms = self.terms if terms is None else terms
+        buckets = [tf.add_n(list(t)) if len(t) > 1 else t[0] for t in terms]
+        if self.factor is not None:
+            buckets = [b * weight_in(self.factor, b.dtype) for b in buckets]
+        if self.divided:
+            last = len(self.spec.shapes) - 1
+            total = next(b for b, m in zip(buckets, self.spec.buckets) if last in m)[-1]
+            buckets = [b / tf.cast(total, b.dtype) for b in buckets]
+        return [tf.cast(g, d) for g, d in zip(unpack(buckets, self.spec), self.dtypes)]
+
+
+def packed_gradients(packed: PackedSum, count: int) -> list[tf.Tensor]:
+    """The first `count` gradients of `packed`, built here and noted as its (in a graph)."""
+    out = packed.gradients()[:count]
+    if not tf.executing_eagerly():
+        for i, grad in enumerate(out):
+            _NOTES.setdefault(grad.graph, {})[grad.name] = (packed, i)
+    return out
+
+
+def packed_origin(tensor: object) -> tuple[PackedSum, int] | None:
+    """`(packed, i)` if `tensor` is gradient i built by `packed_gradients`, else None."""
+    if not isinstance(tensor, tf.Tensor) or tf.executing_eagerly():
+        return None
+    return _NOTES.get(tensor.graph, {}).get(tensor.name)
+
+
+def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[[list, list], list]]:
+    """`grads` as a compiled program's arguments: `PackedSum`s' gradients by their terms.
+
+    Returns:
+      `(given, terms, rebuilt)`: `grads` with None where a gradient is a `PackedSum`'s, the
+      terms of each such sum, and a function that, inside the program, builds the gradient
+      list again from those two (each sum's gradients built from its terms there).
+    """
+    sums: dict[int, PackedSum] = {}
+    where, given = [], list(grads)
+    for position, grad in enumerate(grads):
+        origin = packed_origin(grad)
+        if origin is not None:
+            packed, index = origin
+            sums.setdefault(id(packed), packed)
+            where.append((position, id(packed), index))
+            given[position] = None
+    order = list(sums)
+
+    def rebuilt(given: list, terms: list) -> list:
+        built = {key: sums[key].gradients(t) for key, t in zip(order, terms)}
+        out = list(given)
+        for position, key, index in where:
+            out[position] = built[key][index]
+        return out
+
+    return given, [sums[key].terms for key in order], rebuilt
