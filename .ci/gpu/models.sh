@@ -31,7 +31,7 @@ plain='^(one device|mirrored|towers replicated)$'
 # Seen at e127387: a GPT configuration compiles in 15-55 s, a ResNet-50 one in 45-60 s.
 # ResNet-50 runs the targets' rows (no whole-replica Mirrored, no hand-written loop).
 run gpt_k1 280 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=xla --configs="$k1"
-run gpt_k2 250 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$k2"
+run gpt_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$k2"
 run resnet_k1 330 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --compiled=xla --configs="^(one device xla|mirrored xla|$ours)$"
 run resnet_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=resnet50 --compiled=xla --configs="^(mirrored xla|$ours)$"
 # The exchange at K=2 (issue #32's K=2 gap): the default (auto, 64 MiB buckets) beside ring and
