@@ -15,6 +15,7 @@ import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 
+from towers.ops._all_reduce.gather_add import added
 from towers.ops._packing import PackSpec, unpack
 from towers.ops._tensorflow import tf
 from towers.ops._weighted_mean import weight_in
@@ -46,7 +47,7 @@ class PackedSum:
     def gradients(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
         """The gradients, built from `terms` (default this sum's own), in the device scope."""
         terms = self.terms if terms is None else terms
-        buckets = [tf.add_n(list(t)) if len(t) > 1 else t[0] for t in terms]
+        buckets = [added(t) for t in terms]
         if self.factor is not None:
             buckets = [b * weight_in(self.factor, b.dtype) for b in buckets]
         if self.divided:

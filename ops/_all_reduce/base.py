@@ -85,7 +85,7 @@ class AllReduce(abc.ABC):
     ) -> list[list[tf.Tensor]]:
         """Each device's terms of the sum, to add in order where the sum is used.
 
-        `tf.add_n(terms[i])` is the sum on `devices[i]`, bitwise equal everywhere: each
+        `terms[i]` added in order is the sum on `devices[i]`, bitwise equal everywhere: each
         device's sum alone, or (`GatherAddAllReduce`) the K values, which a compiled program
         reading the sum (a compiled update) adds as it reads them.
 

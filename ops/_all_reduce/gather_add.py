@@ -1,5 +1,8 @@
 """All-reduce by copying every value to every device and adding them there, in one order."""
 
+import functools
+from collections.abc import Sequence
+
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.transfers import to_wire
 from towers.ops._tensorflow import tf
@@ -25,7 +28,7 @@ class GatherAddAllReduce(AllReduce):
         out = []
         for device, terms in zip(devices, self._terms(values, devices, wire_dtype)):
             with tf.device(device):
-                out.append(tf.add_n(terms))
+                out.append(added(terms))
         return out
 
     def _terms(
@@ -48,3 +51,13 @@ class GatherAddAllReduce(AllReduce):
                 )
                 out[-1] = [tf.cast(v, dtype) for v in out[-1]]
         return out
+
+
+def added(terms: Sequence[tf.Tensor]) -> tf.Tensor:
+    """`((t0 + t1) + t2) + ...`: one association on every device, so the same bits.
+
+    Not `tf.add_n`: on the H200 a float32 `AddN` of the same three values came out an ulp
+    apart on one of three devices (why, we did not study; its kernel may reuse an input's
+    buffer and add in another order).
+    """
+    return functools.reduce(tf.add, terms)
