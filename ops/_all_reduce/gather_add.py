@@ -1,22 +1,25 @@
-"""All-reduce by copying every value to every device and adding them there, in one order."""
+"""All-reduce by copying both values to both devices and adding them there."""
 
-import functools
 from collections.abc import Sequence
 
 from towers.ops._all_reduce.base import AllReduce
-from towers.ops._all_reduce.transfers import to_wire
+from towers.ops._all_reduce.transfers import spread, sum_on, to_wire
 from towers.ops._tensorflow import tf
 
 
 class GatherAddAllReduce(AllReduce):
-    """Every device receives every value and adds them, in the values' order.
+    """Two devices: each receives the other's value and adds the two, in the values' order.
 
-    Each device moves the whole of each other value (K - 1 copies in, where a ring moves
-    2 (K - 1) / K): the same bytes as a ring for two devices, in one hop instead of two, and
-    its additions need no pass of their own where a compiled program uses the sum
-    (`sum_terms`: a compiled update adds the terms as it reads them). Every device adds the
-    same values in the same order: the same bits everywhere. `"auto"` takes it for large
+    Each device moves the whole other value: the bytes of a ring of two, in one hop instead
+    of two, and where a compiled program uses the sum its addition needs no pass of its own
+    (`sum_terms`: a compiled update adds the two values as it reads them). One addition of
+    the same two values gives the same bits on both devices. `"auto"` takes it for large
     values on two devices that share no NCCL.
+
+    For more than two devices it sums once, on the first, and copies the sum back (as
+    `ReduceBroadcastAllReduce`): TensorFlow merges a chain of additions into one `AddN`,
+    which on the H200 came out an ulp apart on one device of three (or four) for the same
+    values in the same order.
     """
 
     name = "gather_add"
@@ -25,6 +28,9 @@ class GatherAddAllReduce(AllReduce):
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[tf.Tensor]:
         """Each device's terms added there; see `AllReduce.sum`."""
+        if len(values) > 2:
+            total = sum_on(devices[0], values, devices, wire_dtype)
+            return spread(total, devices[0], devices, values[0].dtype, wire_dtype)
         out = []
         for device, terms in zip(devices, self._terms(values, devices, wire_dtype)):
             with tf.device(device):
@@ -34,7 +40,9 @@ class GatherAddAllReduce(AllReduce):
     def _terms(
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[list[tf.Tensor]]:
-        """Every value on every device (each device's own as the others receive it)."""
+        """Both values on each device (its own as the other receives it), or the sums."""
+        if len(values) > 2:
+            return [[total] for total in self.sum(values, devices, wire_dtype)]
         dtype = values[0].dtype
         sent = []
         for value, source in zip(values, devices):
@@ -54,10 +62,10 @@ class GatherAddAllReduce(AllReduce):
 
 
 def added(terms: Sequence[tf.Tensor]) -> tf.Tensor:
-    """`((t0 + t1) + t2) + ...`: one association on every device, so the same bits.
+    """One term as it is, or two added: the same bits on every device that adds them.
 
-    Not `tf.add_n`: on the H200 a float32 `AddN` of the same three values came out an ulp
-    apart on one of three devices (why, we did not study; its kernel may reuse an input's
-    buffer and add in another order).
+    `sum_terms` gives at most two: more, added outside XLA, may round apart across GPUs.
     """
-    return functools.reduce(tf.add, terms)
+    if len(terms) > 2:
+        raise ValueError(f"A device's sum has at most two terms; got {len(terms)}.")
+    return terms[0] if len(terms) == 1 else tf.add(terms[0], terms[1])
