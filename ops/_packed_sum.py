@@ -1,14 +1,15 @@
 """Reduced gradients whose last steps a compiled program that uses them can take itself.
 
-After the exchange, each device holds per bucket the terms of its sum (one, or every tower's:
-`AllReduce.sum_terms`); the gradients are the terms added, scaled by the mean's weight,
-unpacked and cast back. Built as ops, each of those steps is a pass over every gradient
-(and the update program's arguments are the N gradients). A compiled update that takes the
-terms instead adds, scales and slices them as it reads them: no pass of their own, and a few
-buckets as arguments. `PackedSum` records the steps; the gradients built from it are noted
-on their graph, so that such a program finds them (`packed_origin`) and rebuilds them from
-the terms inside. Nothing depends on the program doing so: the ops built here give the same
-values, and TensorFlow prunes them when nothing reads them.
+After the exchange, each device holds per bucket the terms of its sum (the sum, or with
+`gather_add` both towers' buckets: `AllReduce.sum_terms`); the gradients are the terms
+added, scaled by the mean's weight, unpacked and cast back. Built as ops, each of those
+steps is a pass over every gradient (and the update program's arguments are the N
+gradients). A compiled update that takes the terms instead adds, scales and slices them as
+it reads them: no pass of their own, and a few buckets as arguments. `PackedSum` records
+the steps; the gradients built from it are noted on their graph, so that such a program
+finds them (`packed_origin`) and rebuilds them from the terms inside. Nothing depends on the
+program doing so: the ops built here give the same values, and TensorFlow prunes them when
+nothing reads them.
 """
 
 import dataclasses
@@ -29,7 +30,7 @@ class PackedSum:
     """One device's reduced gradients as their buckets' terms.
 
     Attributes:
-      terms: For each bucket of `spec`, the tensors whose sum (in order) it is.
+      terms: For each bucket of `spec`, the one or two tensors whose sum it is.
       spec: How the gradients were packed.
       factor: What each summed bucket is multiplied by (the mean's weight, a number), or
         None.

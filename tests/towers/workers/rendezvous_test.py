@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -14,9 +15,11 @@ from absl.testing import absltest, parameterized
 from tests import forked, test_util
 from towers.workers import _rendezvous, launch
 
-# One worker: it joins with a short start-up timeout and prints what came of it.
+# One worker: it joins with a short start-up timeout and prints what came of it. Given a
+# folder, a worker that joined marks it there and stays up until every worker has (up to 60 s):
+# the first to leave would close the coordination service under its peer's last call.
 JOIN = """
-import json, os, sys
+import json, os, sys, time
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import towers
 try:
@@ -24,6 +27,14 @@ try:
 except Exception as error:
     print(json.dumps({"error": type(error).__name__, "message": str(error)}), flush=True)
     sys.exit(3)
+if len(sys.argv) > 2:
+    config = json.loads(os.environ["TF_CONFIG"])
+    open(os.path.join(sys.argv[2], str(config["task"]["index"])), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(sys.argv[2])) < len(config["cluster"]["worker"]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
 print(json.dumps({"error": None}), flush=True)
 """
 
@@ -32,11 +43,12 @@ def _cluster(n):
     return [f"127.0.0.1:{port}" for port in launch.free_ports(n)]
 
 
-def _join(cluster, index, timeout_seconds, stopped=False):
+def _join(cluster, index, timeout_seconds, stopped=False, joined=None):
+    """A worker joining `cluster`; with `joined` (a folder) it waits there for the others."""
     config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
     env = test_util.child_env(TF_CONFIG=json.dumps(config))
     return forked.Popen(
-        [sys.executable, "-c", JOIN, str(timeout_seconds)],
+        [sys.executable, "-c", JOIN, str(timeout_seconds), *([joined] if joined else [])],
         env=env,
         stdout=forked.PIPE,
         stderr=forked.PIPE,
@@ -86,10 +98,15 @@ class StartupTest(parameterized.TestCase):
         self.assertLess(elapsed, 60)  # the 4 s timeout plus start-up on a loaded machine
 
     def test_a_late_peer_within_the_timeout_joins(self):
-        cluster = _cluster(2)
-        first = _join(cluster, 0, 120)
+        """Both join, and stay up until both have (as training programs do). Before, worker 0
+        left the moment it joined, and worker 1's last call to the coordination service it
+        held failed now and then ("Socket closed": once in `.ci/run` at 661e0f5)."""
+        joined = tempfile.TemporaryDirectory()
+        self.addCleanup(joined.cleanup)
+        cluster, joined = _cluster(2), joined.name
+        first = _join(cluster, 0, 120, joined=joined)
         time.sleep(1)  # worker 0 waits for worker 1 meanwhile
-        second = _join(cluster, 1, 120)
+        second = _join(cluster, 1, 120, joined=joined)
         outcomes = [_outcome(process, limit=150) for process in (first, second)]
         for report, _ in outcomes:  # (on a failure, both workers' reports: which one failed)
             self.assertIsNone(report["error"], "\n".join(f"{r} {e[-1500:]}" for r, e in outcomes))
