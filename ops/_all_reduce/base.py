@@ -86,8 +86,8 @@ class AllReduce(abc.ABC):
         """Each device's terms of the sum, to add in order where the sum is used.
 
         `terms[i]` added in order is the sum on `devices[i]`, bitwise equal everywhere: each
-        device's sum alone, or (`GatherAddAllReduce`) the K values, which a compiled program
-        reading the sum (a compiled update) adds as it reads them.
+        device's sum alone, or (`GatherAddAllReduce`, two devices) both values, which a
+        compiled program reading the sum (a compiled update) adds as it reads them.
 
         Args:
           values: K tensors of one shape and dtype, `values[i]` on `devices[i]`.
