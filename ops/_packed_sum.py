@@ -13,7 +13,6 @@ nothing reads them.
 """
 
 import dataclasses
-import weakref
 from collections.abc import Callable, Sequence
 
 from towers.ops._all_reduce.gather_add import added
@@ -21,8 +20,10 @@ from towers.ops._packing import PackSpec, unpack
 from towers.ops._tensorflow import tf
 from towers.ops._weighted_mean import weight_in
 
-# Per graph (dropped with it): the name of a tensor packed_gradients built -> (PackedSum, index).
-_NOTES: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+# The graph's attribute: the name of a tensor packed_gradients built -> (PackedSum, index). On
+# the graph itself, so that it goes with the graph (its tensors hold the graph: a table held
+# outside it, even weakly keyed, would keep every graph alive).
+_NOTES = "_towers_packed_sums"
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,7 +64,11 @@ def packed_gradients(packed: PackedSum, count: int) -> list[tf.Tensor]:
     out = packed.gradients()[:count]
     if not tf.executing_eagerly():
         for i, grad in enumerate(out):
-            _NOTES.setdefault(grad.graph, {})[grad.name] = (packed, i)
+            notes = getattr(grad.graph, _NOTES, None)
+            if notes is None:
+                notes = {}
+                setattr(grad.graph, _NOTES, notes)
+            notes[grad.name] = (packed, i)
     return out
 
 
@@ -71,7 +76,7 @@ def packed_origin(tensor: object) -> tuple[PackedSum, int] | None:
     """`(packed, i)` if `tensor` is gradient i built by `packed_gradients`, else None."""
     if not isinstance(tensor, tf.Tensor) or tf.executing_eagerly():
         return None
-    return _NOTES.get(tensor.graph, {}).get(tensor.name)
+    return getattr(tensor.graph, _NOTES, {}).get(tensor.name)
 
 
 def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[[list, list], list]]:

@@ -7,6 +7,7 @@ from towers.ops._all_reduce.gather_add import GatherAddAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
+from towers.ops._all_reduce.terms import terms_of
 from towers.ops._tensorflow import tf
 
 
@@ -59,4 +60,4 @@ class AutoAllReduce(AllReduce):
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[list[tf.Tensor]]:
         """Delegates to the algorithm `choose` picks; see `AllReduce.sum_terms`."""
-        return self.choose(values[0], devices)._terms(values, devices, wire_dtype)
+        return terms_of(self.choose(values[0], devices), values, devices, wire_dtype)

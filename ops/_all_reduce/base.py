@@ -4,6 +4,7 @@ import abc
 from collections.abc import Sequence
 
 from towers.ops._all_reduce import checks, parts
+from towers.ops._all_reduce.terms import terms_of
 from towers.ops._autograph import library_code
 from towers.ops._tensorflow import tf
 
@@ -101,11 +102,7 @@ class AllReduce(abc.ABC):
         if self.group_size(len(values)) == 1:
             with tf.device(devices[0]):
                 return [[tf.identity(values[0])]]
-        return self._terms(values, devices, wire_dtype)
-
-    def _terms(self, values: list, devices: list, wire_dtype) -> list[list[tf.Tensor]]:
-        """`sum_terms` past its checks: each device's `sum` alone, unless overridden."""
-        return [[total] for total in self.sum(values, devices, wire_dtype)]
+        return terms_of(self, values, devices, wire_dtype)
 
     @library_code
     def reduce_scatter(
