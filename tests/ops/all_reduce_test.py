@@ -55,16 +55,21 @@ def _algorithm(name):
     return AddEverywhere() if name == "add_everywhere" else ops.all_reduce_algorithm(name)
 
 
+def _placed(tensors, devices):
+    """Tensor i copied onto `devices[i]`."""
+    placed = []
+    for tensor, device in zip(tensors, devices):
+        with tf.device(device):
+            placed.append(tf.identity(tensor))
+    return placed
+
+
 def _run(algorithm, values, devices, **kwargs):
     """All-reduces numpy `values` placed on `devices` inside a tf.function."""
 
     @tf.function
     def reduce(*tensors):
-        placed = []
-        for tensor, device in zip(tensors, devices):
-            with tf.device(device):
-                placed.append(tf.identity(tensor))
-        out = algorithm(placed, devices, **kwargs)
+        out = algorithm(_placed(tensors, devices), devices, **kwargs)
         return out, [t.device for t in out]
 
     out, placement = reduce(*[tf.constant(v) for v in values])
@@ -112,11 +117,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
 
         @tf.function
         def terms(*tensors):
-            placed = []
-            for tensor, device in zip(tensors, devices):
-                with tf.device(device):
-                    placed.append(tf.identity(tensor))
-            out = _algorithm(algorithm).sum_terms(placed, devices)
+            out = _algorithm(algorithm).sum_terms(_placed(tensors, devices), devices)
             self.assertEqual(
                 [{test_util.local_device(t.device) for t in ts} for ts in out],
                 [{d} for d in devices],
