@@ -6,11 +6,14 @@ from typing import Any
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
 from towers.ops._all_reduce.checks import check_wire_dtype
+from towers.ops._all_reduce.terms import sends_values
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
+from towers.ops._exact_widening import HALF, narrow_columns
+from towers.ops._gathered_slices import gathered_slices
 from towers.ops._packed_sum import PackedSum, packed_gradients
 from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec
-from towers.ops._slices import deduplicated, densified
+from towers.ops._slices import densified
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
 from towers.ops._weighted_mean import (
@@ -19,7 +22,6 @@ from towers.ops._weighted_mean import (
     checked_weights,
     equal_weights,
     normalized_weights,
-    scale,
     weight_in,
 )
 
@@ -107,7 +109,7 @@ def all_reduce_gradients(
             if not check_column(column, name, variables[j] if variables is not None else None):
                 continue
             if gather and all(isinstance(g, tf.IndexedSlices) for g in column):
-                for i, gathered in enumerate(_gather_slices(list(column), devices, norm)):
+                for i, gathered in enumerate(gathered_slices(list(column), devices, norm)):
                     out[i][j] = gathered
             else:
                 variable = variables[j] if variables is not None else None
@@ -228,6 +230,10 @@ def _reduce_dense(
     a compiled update reading them takes those steps itself.
     """
     k = len(devices)
+    equal = equal_weights(weights) and wire_dtype is None
+    if equal and k == 2 and algorithm.group_size(k) == k:  # see `_summable`
+        narrow = narrow_columns(columns)
+        columns = [c if n is None else n for c, n in zip(columns, narrow)]
     per_tower = [[column[i] for column in columns] for i in range(k)]
     if carry:
         for tensors, device in zip(per_tower, devices):
@@ -240,18 +246,17 @@ def _reduce_dense(
             tuple((j,) for j in range(len(columns))), tuple(t.shape for t in per_tower[0])
         )
     )
-    equal = equal_weights(weights) and wire_dtype is None
     packed = []
     for tensors, device, weight in zip(per_tower, devices, weights):
         with tf.device(device):
             buckets = pack(tensors, spec)
             packed.append(buckets if equal else [b * weight_in(weight, b.dtype) for b in buckets])
-    terms = [
-        algorithm.sum_terms(
-            [packed[i][b] for i in range(k)], devices, wire_dtype=wire_for(packed[0][b], wire_dtype)
+    terms = []
+    for b in range(len(spec.buckets)):
+        values = _summable([packed[i][b] for i in range(k)], devices, algorithm)
+        terms.append(
+            algorithm.sum_terms(values, devices, wire_dtype=wire_for(values[0], wire_dtype))
         )
-        for b in range(len(spec.buckets))
-    ]
     out = []
     for i, device in enumerate(devices):
         with tf.device(device):
@@ -262,35 +267,24 @@ def _reduce_dense(
     return out
 
 
-def wire_for(value: tf.Tensor, wire_dtype: tf.DType | None) -> tf.DType | None:
-    """Compress only float32 (or wider) values; half values already travel small."""
-    return wire_dtype if value.dtype in (tf.float32, tf.float64) else None
+def _summable(values: list[tf.Tensor], devices: list, algorithm: AllReduce) -> list[tf.Tensor]:
+    """A bucket's values as `algorithm` may sum them: half-precision ones widened first.
 
-
-def _gather_slices(column: list, devices: list, weights: list) -> list[tf.IndexedSlices]:
-    """Every tower's scaled slices, gathered once with each row once, copied to each device.
-
-    The repeated rows are summed on the first device only: GPU kernels that add repeated rows
-    (`unsorted_segment_sum`, scatters) add them in a run-dependent order, so devices summing
-    them each would leave the replicated copies apart by an ulp. Rows arriving unique make
-    every later use (the dense gradient, a scatter, the hook's rows) the same on every device.
+    Half-precision values here are exact float32 gradients (`towers.ops._exact_widening`),
+    packed as they are when two devices share equal weights: each element's sum is then one
+    addition, the same bits in any bucket layout. Where `algorithm` only moves them
+    (`sends_values`: `gather_add`) they cross narrow and the devices widen them as they add
+    them (`PackedSum`); elsewhere they are widened here.
     """
-    gathered = slices_on(devices[0], column, devices, weights)
+    if values[0].dtype not in HALF or sends_values(algorithm, values, devices):
+        return values
     out = []
-    for device in devices:
+    for value, device in zip(values, devices):
         with tf.device(device):
-            values, indices = tf.identity(gathered.values), tf.identity(gathered.indices)
-            out.append(tf.IndexedSlices(values, indices, gathered.dense_shape))
+            out.append(tf.cast(value, tf.float32))
     return out
 
 
-def slices_on(device: str, column: list, devices: list, weights: list) -> tf.IndexedSlices:
-    """Every tower's slices, scaled by its weight, gathered on `device` with each row once."""
-    scaled = []
-    for grad, source, weight in zip(column, devices, weights):
-        with tf.device(source):
-            scaled.append((scale(grad.values, weight), grad.indices))
-    with tf.device(device):
-        values = tf.concat([tf.identity(v) for v, _ in scaled], axis=0)
-        indices = tf.concat([tf.identity(i) for _, i in scaled], axis=0)
-        return deduplicated(tf.IndexedSlices(values, indices, column[0].dense_shape))
+def wire_for(value: tf.Tensor, wire_dtype: tf.DType | None) -> tf.DType | None:
+    """Compress only float32 (or wider) values; half values already travel small."""
+    return wire_dtype if value.dtype in (tf.float32, tf.float64) else None

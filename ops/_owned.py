@@ -18,12 +18,12 @@ from towers.ops._all_reduce_gradients import (
     check_options,
     column_dtype,
     dense_column,
-    slices_on,
     weights_of,
     wire_for,
 )
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
+from towers.ops._gathered_slices import slices_on
 from towers.ops._ownership import Buffer, layout
 from towers.ops._tensorflow import tf
 from towers.ops._tower_grads import Gradient, check_column, check_tower_grads

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from towers.ops._all_reduce.gather_add import added
 from towers.ops._packing import PackSpec, unpack
 from towers.ops._tensorflow import tf
-from towers.ops._weighted_mean import weight_in
+from towers.ops._weighted_mean import accumulation_dtype, weight_in
 
 # The graph's attribute: the name of a tensor packed_gradients built -> (PackedSum, index). On
 # the graph itself, so that it goes with the graph (its tensors hold the graph: a table held
@@ -31,7 +31,8 @@ class PackedSum:
     """One device's reduced gradients as their buckets' terms.
 
     Attributes:
-      terms: For each bucket of `spec`, the one or two tensors whose sum it is.
+      terms: For each bucket of `spec`, the one or two tensors whose sum it is; half
+        precision ones (exact float32 gradients sent narrow) are widened before they add.
       spec: How the gradients were packed.
       factor: What each summed bucket is multiplied by (the mean's weight, a number), or
         None.
@@ -49,7 +50,7 @@ class PackedSum:
     def gradients(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
         """The gradients, built from `terms` (default this sum's own), in the device scope."""
         terms = self.terms if terms is None else terms
-        buckets = [added(t) for t in terms]
+        buckets = [added([tf.cast(x, accumulation_dtype(x.dtype)) for x in t]) for t in terms]
         if self.factor is not None:
             buckets = [b * weight_in(self.factor, b.dtype) for b in buckets]
         if self.divided:

@@ -97,15 +97,23 @@ def accumulation_dtype(dtype: tf.DType) -> tf.DType:
     return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
 
 
-def weighted_sum(values: Sequence[tf.Tensor], weights: Sequence[Weight]) -> tf.Tensor:
-    """`sum(w * v)`, accumulated in float32 for half precision; one multiply if weights agree."""
+def weighted_sum(
+    values: Sequence[tf.Tensor], weights: Sequence[Weight], *, wide: bool = False
+) -> tf.Tensor:
+    """`sum(w * v)`, accumulated in float32 for half precision; one multiply if weights agree.
+
+    In the values' dtype, or with `wide` in the one it was accumulated in.
+    """
     dtype = values[0].dtype
-    wide = accumulation_dtype(dtype)
+    sum_dtype = accumulation_dtype(dtype)
     if equal_weights(weights):
-        total = tf.add_n([tf.cast(v, wide) for v in values]) * weight_in(weights[0], wide)
+        total = tf.add_n([tf.cast(v, sum_dtype) for v in values])
+        total = total * weight_in(weights[0], sum_dtype)
     else:
-        total = tf.add_n([tf.cast(v, wide) * weight_in(w, wide) for v, w in zip(values, weights)])
-    return tf.cast(total, dtype)
+        total = tf.add_n(
+            [tf.cast(v, sum_dtype) * weight_in(w, sum_dtype) for v, w in zip(values, weights)]
+        )
+    return total if wide else tf.cast(total, dtype)
 
 
 def scale(values: tf.Tensor, weight: Weight) -> tf.Tensor:

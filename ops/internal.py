@@ -18,10 +18,11 @@ training program needs none of it. It is the one door through which `towers` rea
 - Weights of a mean: `normalized_weights`, `weight_in`, `accumulation_dtype`, and the types
   `Weight` and `Gradient`.
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
-  unique), `check_bucket_bytes`, and `packed_arguments` (all-reduced gradients as the terms
-  a compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`), and
-  `sparse_mode` (`Replicated`'s "auto" for `tf.IndexedSlices`: dense on logical GPUs of one
-  GPU, gathered elsewhere).
+  unique), `check_bucket_bytes`, `packed_arguments` (all-reduced gradients as the terms a
+  compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`), `narrow_form`,
+  `widened` and `HALF` (float32 gradients that are exactly half-precision ones, which the
+  exchanges send narrow: `towers.ops._exact_widening`), and `sparse_mode` (`Replicated`'s
+  "auto" for `tf.IndexedSlices`: dense on logical GPUs of one GPU, gathered elsewhere).
 - The AutoGraph rule: `library_code` marks a function AutoGraph must not convert (every
   public function of `towers` and `towers.ops` carries it, or calls user code through
   `towers.core.user_code_entry`).
@@ -54,6 +55,7 @@ from towers.ops._collectives import (
     trace_count,
 )
 from towers.ops._device_scope import device_scope, host_scope
+from towers.ops._exact_widening import HALF, narrow_form, widened
 from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
@@ -74,6 +76,7 @@ __all__ = [
     "WORKERS",
     "WORKER_LEADERS",
     "Gradient",
+    "HALF",
     "Weight",
     "accumulation_dtype",
     "check_all_reduce_options",
@@ -92,6 +95,7 @@ __all__ = [
     "has_kernel",
     "host_scope",
     "library_code",
+    "narrow_form",
     "normalized_weights",
     "outermost_graph",
     "owners_by_bytes",
@@ -106,4 +110,5 @@ __all__ = [
     "trace_count",
     "update_ops",
     "weight_in",
+    "widened",
 ]

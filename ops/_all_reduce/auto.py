@@ -7,7 +7,7 @@ from towers.ops._all_reduce.gather_add import GatherAddAllReduce
 from towers.ops._all_reduce.nccl import NcclAllReduce
 from towers.ops._all_reduce.reduce_broadcast import ReduceBroadcastAllReduce
 from towers.ops._all_reduce.ring import RingAllReduce
-from towers.ops._all_reduce.terms import terms_of
+from towers.ops._all_reduce.terms import sends_values, terms_of
 from towers.ops._tensorflow import tf
 
 
@@ -61,3 +61,7 @@ class AutoAllReduce(AllReduce):
     ) -> list[list[tf.Tensor]]:
         """Delegates to the algorithm `choose` picks; see `AllReduce.sum_terms`."""
         return terms_of(self.choose(values[0], devices), values, devices, wire_dtype)
+
+    def _sends_values(self, values: list[tf.Tensor], devices: list[str]) -> bool:
+        """As the algorithm `choose` picks (`terms.sends_values`)."""
+        return sends_values(self.choose(values[0], devices), values, devices)

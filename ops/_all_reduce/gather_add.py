@@ -37,6 +37,10 @@ class GatherAddAllReduce(AllReduce):
                 out.append(added(terms))
         return out
 
+    def _sends_values(self, values: list[tf.Tensor], devices: list[str]) -> bool:
+        """Two values are sent as they are (`terms.sends_values`); more are summed first."""
+        return len(values) == 2
+
     def _terms(
         self, values: list[tf.Tensor], devices: list[str], wire_dtype: tf.DType | None
     ) -> list[list[tf.Tensor]]:

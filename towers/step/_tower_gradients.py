@@ -6,7 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.core import as_caller_would, current_tower, user_code_entry
-from towers.ops.internal import library_code
+from towers.ops.internal import HALF, library_code, narrow_form, widened
 from towers.step._compiled import CompiledTower, check_jit_compile
 from towers.step._loss_scale import scale_value
 from towers.step._micro_batches import check_micro_batches, in_micro_batches
@@ -45,7 +45,10 @@ def tower_gradients(
         one part), gradients and loss averaged by part size.
       merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
       jit_compile: Compile the forward and backward pass with XLA, one program on the
-        tower's device (each micro-batch runs it in turn). See docs/compiled.md.
+        tower's device (each micro-batch runs it in turn). A float32 variable's gradient
+        that is a half-precision one cast (mixed precision) leaves the program in half
+        precision and is cast outside it: the same values, which exchanges send narrow.
+        See docs/compiled.md.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -77,7 +80,37 @@ def tower_gradients(
             "tower_gradients(jit_compile=True) compiles a tower's pass on the tower's device: "
             "call it inside towers.replicate (or use train_step(..., jit_compile=True))."
         )
-    return _passes(CompiledTower(one_pass, tower), shard, micro_batches, merge)
+    compiled = CompiledTower(_narrowed(one_pass), tower)
+
+    def compiled_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
+        loss, outputs, grads = compiled(inputs)
+        trained = strategy.tower_variables(variables, tower)
+        return loss, outputs, [_widened(g, v) for g, v in zip(grads, trained)]
+
+    return _passes(compiled_pass, shard, micro_batches, merge)
+
+
+def _narrowed(one_pass: Callable) -> Callable:
+    """`one_pass`, returning the half-precision tensor of an exactly half-precision gradient.
+
+    Under mixed precision a float32 variable's gradient is a cast of a half-precision one. A
+    compiled program's output hides the cast, so the program returns the half-precision
+    tensor and the caller widens it outside (`_widened`), where an exchange can find it.
+    """
+
+    def narrowed(inputs: Any) -> tuple[tf.Tensor, Any, list]:
+        loss, outputs, grads = one_pass(inputs)
+        forms = [narrow_form(g) for g in grads]
+        return loss, outputs, [g if f is None else f for g, f in zip(grads, forms)]
+
+    return narrowed
+
+
+def _widened(grad: Any, var: tf.Variable) -> Any:
+    """A narrowed gradient widened again (noted: an exchange may send it narrow)."""
+    if isinstance(grad, tf.Tensor) and grad.dtype in HALF and tf.as_dtype(var.dtype) == tf.float32:
+        return widened(grad)
+    return grad
 
 
 def _shaped(grad: Any, var: tf.Variable) -> Any:

@@ -4,6 +4,8 @@ XLA runs on the logical CPUs too. Each test compiles few programs: XLA takes abo
 per tower here.
 """
 
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -12,8 +14,40 @@ from absl.testing import parameterized
 import towers
 from tests import test_util
 from towers import ops
+from towers.ops import _exact_widening
+from towers.step import _tower_gradients
 
 STEPS = 2
+
+
+class _Mixed(tf.Module):
+    """Float32 variables, bfloat16 compute (a mixed-precision policy's arithmetic)."""
+
+    def __init__(self):
+        super().__init__(name="mixed")
+        self.kernel = tf.Variable(tf.random.stateless_normal([64, 600], seed=[1, 2]) * 0.1)
+        self.bias = tf.Variable(tf.zeros([600]), name="bias")  # added in float32
+        self.out = tf.Variable(tf.random.stateless_normal([600, 4], seed=[3, 4]) * 0.1)
+
+    def __call__(self, x):
+        h = tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(self.kernel, tf.bfloat16))
+        h = tf.nn.tanh(tf.cast(h, tf.float32) + self.bias)
+        return tf.matmul(tf.cast(h, tf.bfloat16), tf.cast(self.out, tf.bfloat16))
+
+
+def _mixed_loss(model):
+    return lambda batch: tf.reduce_mean(tf.square(tf.cast(model(batch[0]), tf.float32) - batch[1]))
+
+
+def _mixed_batch(seed):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(8, 64)).astype(np.float32), rng.normal(size=(8, 4)).astype(np.float32)
+
+
+def _hidden_if(hidden):
+    """`narrow_form`, or with `hidden` one that finds nothing (the float32 exchange)."""
+    found = _exact_widening.narrow_form
+    return (lambda tensor: None) if hidden else found
 
 
 def _calls(graph: tf.Graph, program: str = "_body") -> list[tf.Operation]:
@@ -135,6 +169,57 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             values = [t for t in call.inputs if t.dtype == tf.float32 and t.shape.rank]
             self.assertEqual([t.shape.as_list() for t in values], [[size]] * terms, call.name)
             self.assertFalse(shapes & {tuple(t.shape) for t in values}, call.name)
+
+    @parameterized.parameters("replicated", "ps")
+    def test_mixed_precision_gradients_cross_in_bfloat16(self, strategy):
+        """A float32 variable's gradient under bfloat16 compute is a bfloat16 one cast to
+        float32: each tower's program returns the bfloat16 tensor, which crosses to the other
+        device (gather_add, which "auto" takes for this 77 KB bucket on two devices; a
+        parameter server's packed buckets) and is widened where it is added. The weights
+        after three steps are bitwise those of the same step with the narrow forms hidden,
+        and within bfloat16's rounding of the hand-written whole-batch step."""
+        devices = test_util.devices(2)
+        reference = _Mixed()
+        by_hand = test_util.reference_step(reference, _mixed_loss(reference), 0.1)
+
+        def run(hidden):
+            found = _hidden_if(hidden)
+            with (
+                mock.patch.object(_exact_widening, "narrow_form", found),
+                mock.patch.object(_tower_gradients, "narrow_form", found),
+            ):
+                if strategy == "replicated":
+                    model = towers.Replicated(_Mixed, devices)
+                    local, final = model.local, model.replicas[1]
+                else:
+                    model = final = _Mixed()
+                    local = lambda: model  # noqa: E731
+                optimizer = towers.SGD(0.1)
+
+                @tf.function
+                def step(batch):
+                    return towers.train_step(
+                        lambda b: _mixed_loss(local())(b), model, optimizer, batch, devices,
+                        jit_compile=True,
+                    )  # fmt: skip
+
+                for i in range(3):
+                    step(_mixed_batch(i))
+                graph = step.get_concrete_function(_mixed_batch(0)).graph
+            return [v.numpy() for v in final.variables], graph
+
+        (narrow, graph), (wide, hidden_graph) = run(False), run(True)
+        for i in range(3):
+            by_hand(_mixed_batch(i))
+        for got, want, hand in zip(narrow, wide, reference.variables):
+            np.testing.assert_array_equal(got, want)
+            test_util.assert_allclose(got, hand, rtol=2e-2, atol=2e-3)
+        programs = _calls(graph, "update") if strategy == "replicated" else _calls(graph)
+        self.assertLen(programs, 2)
+        for call in programs:  # each device's update takes, or each tower returns, bfloat16
+            self.assertIn(tf.bfloat16, [t.dtype for t in [*call.outputs, *call.inputs]], call.name)
+        for call in _calls(hidden_graph, "update") + _calls(hidden_graph):
+            self.assertNotIn(tf.bfloat16, [t.dtype for t in [*call.outputs, *call.inputs]])
 
     def test_no_program_is_compiled_again_when_the_distinct_ids_change(self):
         """Every compiled program's arguments keep their shapes from step to step. Before: the

@@ -1,0 +1,158 @@
+"""Float32 gradients that are exactly half-precision ones cross devices narrow, no bit changed.
+
+Under mixed precision a float32 variable's gradient is a bfloat16 gradient cast to float32:
+the exchanges send the bfloat16 tensor (half the bytes) and widen it where it is added.
+"""
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tests import test_util
+from towers import ops
+from towers.ops import internal
+
+ALGORITHMS = ("reduce_broadcast", "ring", "collective", "hierarchical", "auto", "gather_add")
+SHAPES = ([40, 30], [30], [7, 3, 2], [5])  # float32, cast from bfloat16 except [30]
+
+
+def _grads(devices, seed, hidden=False):
+    """Each tower's gradients: bfloat16 values cast to float32 (their narrow form visible, or
+    `hidden` behind an identity), and one plain float32 gradient."""
+    out = []
+    for i, device in enumerate(devices):
+        with tf.device(device):
+            grads = []
+            for j, shape in enumerate(SHAPES):
+                value = tf.random.stateless_normal(shape, seed=[seed + i, j])
+                if shape != [30]:
+                    value = tf.cast(tf.cast(value, tf.bfloat16), tf.float32)
+                grads.append(tf.identity(value) if hidden else value)
+            out.append(grads)
+    return out
+
+
+def _narrow_crossings(graph, devices):
+    """The bfloat16 tensors an op on one device takes from another."""
+    crossing = []
+    for op in graph.get_operations():
+        for tensor in op.inputs:
+            if tensor.dtype == tf.bfloat16 and tensor.op.device and op.device:
+                if tf.DeviceSpec.from_string(tensor.op.device) != tf.DeviceSpec.from_string(
+                    op.device
+                ):
+                    crossing.append(tensor)
+    return crossing
+
+
+class NarrowFormTest(tf.test.TestCase):
+    def test_finds_the_half_precision_tensor_behind_a_cast(self):
+        """A cast from bfloat16 or float16 to float32 (what a mixed-precision gradient is), or
+        a noted widening (a compiled program's output, cast outside it); nothing else."""
+
+        @tf.function
+        def build(x):
+            half = tf.cast(x, tf.bfloat16)
+            f16 = tf.cast(x, tf.float16)
+            wide = tf.cast(half, tf.float32)
+            self.assertIs(internal.narrow_form(wide), half)
+            self.assertIs(internal.narrow_form(tf.cast(f16, tf.float32)), f16)
+            self.assertIs(internal.narrow_form(internal.widened(half)), half)
+            self.assertIsNone(internal.narrow_form(tf.identity(wide)))  # not a cast
+            self.assertIsNone(internal.narrow_form(x))  # a float32 from float32
+            self.assertIsNone(internal.narrow_form(tf.cast(half, tf.float64)))
+            self.assertIsNone(internal.narrow_form(tf.cast(tf.cast(x, tf.int32), tf.float32)))
+            self.assertIsNone(internal.narrow_form(half))  # already narrow
+            self.assertIsNone(internal.narrow_form(None))
+            return wide
+
+        build(tf.ones([3]))
+        eager = tf.cast(tf.ones([3], tf.bfloat16), tf.float32)
+        self.assertIsNone(internal.narrow_form(eager))
+        self.assertEqual(internal.widened(tf.ones([2], tf.bfloat16)).dtype, tf.float32)
+
+
+class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.product(algorithm=ALGORITHMS, k=(2, 3), weights=(None, (3, 2, 2)))
+    def test_sends_exact_gradients_narrow_and_changes_no_bit(self, algorithm, k, weights):
+        """Every tower gets the same bits as when the gradients' narrow forms are hidden. The
+        bfloat16 tensors cross devices only where nothing adds them on the way and the weights
+        apply after the sum: `gather_add` on two devices (and "auto", which takes it for
+        values over 64 KiB on two), with equal weights. (On two devices each element's sum
+        is one addition whatever the buckets; on more, the buckets stay as they were.)"""
+        devices = test_util.devices(k)
+        weights = weights and weights[:k]
+        graphs = {}
+
+        def reduce(hidden):
+            @tf.function
+            def fn():
+                return ops.all_reduce_gradients(
+                    _grads(devices, 7, hidden), devices, weights=weights,
+                    algorithm=algorithm, bucket_bytes=8 * 1024,
+                )  # fmt: skip
+
+            graphs[hidden] = fn.get_concrete_function().graph
+            return fn()
+
+        narrow, hidden = reduce(False), reduce(True)
+        for got, want in zip(narrow, hidden):
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+        crossing = _narrow_crossings(graphs[False], devices)
+        # ("auto" sums these buckets, all under its 64 KiB, with reduce_broadcast: widened.)
+        sends = algorithm == "gather_add" and k == 2 and weights is None
+        self.assertEqual(bool(crossing), sends, crossing)
+        self.assertFalse(_narrow_crossings(graphs[True], devices))
+
+    def test_auto_sends_large_buckets_narrow_on_two_devices(self):
+        """Over its 64 KiB threshold "auto" takes `gather_add` on two devices: the bucket of
+        the bfloat16 values crosses narrow, and the sum is the float32 one."""
+        devices = test_util.devices(2)
+
+        @tf.function
+        def fn(hidden):
+            grads = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    value = tf.random.stateless_normal([400, 200], seed=[i, 1])
+                    value = tf.cast(tf.cast(value, tf.bfloat16), tf.float32)
+                    grads.append([tf.identity(value) if hidden else value])
+            return ops.all_reduce_gradients(grads, devices)
+
+        got, want = fn(False), fn(True)
+        np.testing.assert_array_equal(got[1][0].numpy(), want[1][0].numpy())
+        graph = fn.get_concrete_function(False).graph
+        self.assertTrue(_narrow_crossings(graph, devices))
+
+
+class AverageTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters((None,), ((3, 2),))
+    def test_packed_buckets_cross_narrow_and_change_no_bit(self, weights):
+        """A parameter server's mean: each tower packs the bfloat16 values and the variable's
+        device widens them before it weighs and adds them, for any weights."""
+        devices = test_util.devices(2)
+        with tf.device(devices[0]):
+            variables = [tf.Variable(tf.zeros(s), name=f"v{j}") for j, s in enumerate(SHAPES)]
+        graphs = {}
+
+        def mean(hidden):
+            @tf.function
+            def fn():
+                return ops.average_gradients(
+                    _grads(devices, 3, hidden), weights=weights, variables=variables,
+                    bucket_bytes=8 * 1024,
+                )  # fmt: skip
+
+            graphs[hidden] = fn.get_concrete_function().graph
+            return fn()
+
+        for got, want in zip(mean(False), mean(True)):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+            self.assertEqual(got.dtype, tf.float32)
+        self.assertTrue(_narrow_crossings(graphs[False], devices))
+        self.assertFalse(_narrow_crossings(graphs[True], devices))
+
+
+if __name__ == "__main__":
+    tf.test.main()
