@@ -66,6 +66,10 @@ def all_reduce_gradients(
       m half its smallest subnormal (2**-25 float16, 2**-134 bfloat16: float16 values below
       about 3e-8 arrive as 0); it overflows only when S exceeds the largest finite value
       / (1 + u)**K (65504 / (1 + 2**-11)**K for float16, e.g. 65376 for K = 4).
+    * float32 gradients that are casts of float16/bfloat16 ones (mixed precision's) are
+      packed in that dtype on two devices with equal weights, and moved so where
+      `algorithm` only moves values (`gather_add`): each device widens them as it adds
+      them, the same sums in half the bytes (`towers.ops._exact_widening`).
     * None in every tower stays None; None in some towers only is an error.
 
     Args:
@@ -225,7 +229,9 @@ def _reduce_dense(
     mean does not), after it otherwise (one per device and bucket). With `carry` the weights
     are not normalized: a one packed after the gradients sums to the weights' total, which
     every bucket is divided by (the last element of its bucket, since it is packed last).
-    Each result is cast back to its column's dtype (`dtypes`) on its device. Each device's
+    Columns of exact float32 gradients of half-precision ones are packed narrow on two devices
+    with equal weights (`_summable`). Each result is cast back to its column's dtype
+    (`dtypes`) on its device. Each device's
     results are a `PackedSum`'s (its buckets' terms, the weight, the division, the casts):
     a compiled update reading them takes those steps itself.
     """
