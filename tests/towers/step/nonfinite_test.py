@@ -133,10 +133,17 @@ def _state(module):
 
 
 class GuardTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.product(
-        nonfinite=["skip", "raise"],
-        strategy=["ps", "replicated", "sharded"],
-        jit_compile=[False, True],
+    # Each strategy compiled and not; each mode with each strategy and each compilation. The
+    # mode decides only whether an Assert follows the updates ("raise" writes the old values
+    # back as "skip" does, `towers.step._nonfinite`), so its pairs with the strategy and with
+    # the compilation cover every path without the whole product (12 traces).
+    @parameterized.parameters(
+        ("skip", "ps", False),
+        ("raise", "ps", True),
+        ("raise", "replicated", False),
+        ("skip", "replicated", True),
+        ("skip", "sharded", False),
+        ("raise", "sharded", True),
     )
     def test_a_nan_step_changes_no_state_on_any_path(self, nonfinite, strategy, jit_compile):
         """Weights, Adam's slots and step counts, BatchNorm's moving averages: all as before.
@@ -238,9 +245,11 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("a NaN or Inf in the gradients of this step", towers_part)
         self.assertNotIn("\\", towers_part)  # printed as written: nothing C-escaped
 
-    # The rules of each kind of state (a slot; two; norms per variable), compiled or not.
-    # (Every rule's choice alone, compiled or not: rules_test's CompiledUpdateTest.)
-    @parameterized.product(case=["momentum", "adam", "lamb"], jit_compile=[False, True])
+    # The rules of each kind of state (a slot; two; norms per variable), each once, and a
+    # compiled update (LAMB's, norms per variable inside the program). (Every rule's choice
+    # alone, compiled or not: rules_test's CompiledUpdateTest; Adam's compiled updates
+    # through train_step: test_a_nan_step_changes_no_state_on_any_path.)
+    @parameterized.parameters(("momentum", False), ("adam", False), ("lamb", True))
     def test_every_rule_keeps_its_state_on_a_nan_step(self, case, jit_compile):
         """Two replicas; only w2's gradient is NaN (a hook): nothing moves, w2 is named."""
         devices = test_util.devices(2)
@@ -334,8 +343,13 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         for total in accumulator.sum_variables:
             self.assertAllEqual(total, tf.zeros_like(total))
 
-    @parameterized.product(
-        nonfinite=["skip", "raise"], rate=["variable", "schedule"], replicated=[False, True]
+    # Each pair of (mode, rate, copies) once: each mode with each kind of rate and on each
+    # strategy, each kind of rate on each strategy.
+    @parameterized.parameters(
+        ("skip", "variable", False),
+        ("raise", "schedule", False),
+        ("skip", "schedule", True),
+        ("raise", "variable", True),
     )
     def test_a_learning_rate_gone_bad_changes_nothing(self, nonfinite, rate, replicated):
         """On a parameter server (checked beside the gradients), and in `Replicated` copies'
