@@ -260,11 +260,12 @@ class TowersTest(tf.test.TestCase, parameterized.TestCase):
         super().setUpClass()
         cls.references = {case: _numpy_run(case) for case in ("momentum", "adam", "lamb")}
 
-    # Every tower count (K=1 the identity; 11 examples uneven over 3, 4 and 8) with one
-    # rule; the stateful rules (two slots; norms per variable) at one uneven count each.
-    # Every rule in each strategy; each rule alone, compiled or not: the classes above.
+    # Every tower count (K=1 the identity; 11 examples uneven over 3, 4 and 8): momentum at
+    # 1, 3 and 8, the stateful rules (two slots; norms per variable) at one uneven count each,
+    # LAMB's the 4. Every rule in each strategy; each rule alone, compiled or not: the classes
+    # above.
     @parameterized.parameters(
-        *(("momentum", k, strategy) for k in (1, 3, 4, 8) for strategy in ("ps", "replicated")),
+        *(("momentum", k, strategy) for k in (1, 3, 8) for strategy in ("ps", "replicated")),
         *(
             (case, k, strategy)
             for case, k in (("adam", 3), ("lamb", 4))
@@ -274,10 +275,11 @@ class TowersTest(tf.test.TestCase, parameterized.TestCase):
     def test_k_towers_equal_the_hand_written_step(self, case, k, strategy):
         self._check_k_towers(case, k, strategy)
 
-    # Compiled towers and updates: each strategy, and each of the three rules once.
+    # Compiled towers and updates: each strategy, and each of the three rules once, on two
+    # towers (11 examples: 6 and 5; the compiled programs are one per tower, K above).
     @parameterized.parameters(("momentum", "replicated"), ("adam", "ps"), ("lamb", "ps"))
     def test_compiled_towers_and_updates_equal_the_hand_written_step(self, case, strategy):
-        self._check_k_towers(case, 3, strategy, jit_compile=True)
+        self._check_k_towers(case, 2, strategy, jit_compile=True)
 
     def _check_k_towers(self, case, k, strategy, jit_compile=False):
         devices = test_util.devices(k)
@@ -315,9 +317,11 @@ class TowersTest(tf.test.TestCase, parameterized.TestCase):
             towers.check_replicas_identical(model)
             towers.check_replicas_identical(optimizer)
 
+    # Two copies (11 examples: 6 and 5): the rule applies the all-reduced gradient whatever
+    # the tower count, which test_k_towers_equal_the_hand_written_step varies.
     @parameterized.parameters(*(c for c in CASES if c not in ("momentum", "adam", "lamb")))
-    def test_every_other_rule_on_four_replicated_towers(self, case):
-        devices = test_util.devices(4)
+    def test_every_other_rule_on_two_replicated_towers(self, case):
+        devices = test_util.devices(2)
         optimizer = CASES[case][0]()
 
         def build():
@@ -340,7 +344,7 @@ class TowersTest(tf.test.TestCase, parameterized.TestCase):
         for i in range(STEPS):
             step(test_util.batch(11, seed=i))
         reference = _numpy_run(case)
-        for got, want in zip(replicas.replicas[2].variables, reference.variables):
+        for got, want in zip(replicas.replicas[1].variables, reference.variables):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         towers.check_replicas_identical(replicas)
         towers.check_replicas_identical(optimizer)
