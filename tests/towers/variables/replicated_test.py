@@ -67,10 +67,16 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         super().setUpClass()
         cls.reference = _reference(STEPS)
 
-    # Every algorithm at K=1 (the identity), 3 (11 examples uneven; hierarchical groups of 2
-    # and 1) and 8; hierarchical also at 2 (groups of one device) and 4 (groups of 2).
+    # Every algorithm at K=3 (11 examples uneven; hierarchical groups of 2 and 1); the flat
+    # built-in ones at 8 too (ring's chunks empty on some devices); hierarchical also at 2
+    # (groups of one device) and 4 (groups of 2, as 8's of 4). K=1, the identity, once: an
+    # all-reduce of one value is its copy for every algorithm (`ops.AllReduce.__call__`). At 8,
+    # "auto" chooses "reduce_broadcast" for this model's sizes, and "custom" adds in a loop
+    # over the devices, as at 3.
     @parameterized.parameters(
-        *((algorithm, k) for algorithm in (*ALGORITHMS, "custom") for k in (1, 3, 8)),
+        ("auto", 1),
+        *((algorithm, 3) for algorithm in (*ALGORITHMS, "custom")),
+        *((algorithm, 8) for algorithm in ("reduce_broadcast", "ring", "collective")),
         ("hierarchical", 2),
         ("hierarchical", 4),
     )
