@@ -68,8 +68,9 @@ def all_reduce_gradients(
       / (1 + u)**K (65504 / (1 + 2**-11)**K for float16, e.g. 65376 for K = 4).
     * float32 gradients that are casts of float16/bfloat16 ones (mixed precision's) are
       packed in that dtype on two devices with equal weights, and moved so where
-      `algorithm` only moves values (`gather_add`): each device widens them as it adds
-      them, the same sums in half the bytes (`towers.ops._exact_widening`).
+      `algorithm` only moves values (`gather_add`; not NCCL, which adds on the wire): each
+      device widens them as it adds them, the same sums in half the bytes
+      (`towers.ops._exact_widening`). Other algorithms get the buckets widened first.
     * None in every tower stays None; None in some towers only is an error.
 
     Args:

@@ -37,9 +37,9 @@ def average_gradients(
         variable's device (reduce where the variable lives) and errors name the variable.
       bucket_bytes: With `variables`, each tower packs its dense gradients of the variables
         of one device into buckets of at most this many bytes, which cross to that device
-        instead of N tensors (the same values; float32 gradients that are casts of
-        half-precision ones are packed in that dtype and widened there); None to send each
-        gradient alone. Needs static shapes.
+        instead of N tensors (the same values; from two towers, float32 gradients that
+        are casts of half-precision ones are packed in that dtype and widened there); None
+        to send each gradient alone. Needs static shapes.
 
     Returns:
       A list of N averaged gradients.

@@ -14,13 +14,14 @@ def packed_mean(
 ) -> list[tf.Tensor]:
     """The weighted mean of K towers' dense gradients of N variables living on `device`.
 
-    Each tower packs its N gradients, as they are (half precision stays half, and so do
-    float32 gradients that are exactly half-precision ones, `towers.ops._exact_widening`),
-    into buckets of at most `bucket_bytes` on its own device, so a few buffers per tower
-    cross to `device` instead of N. `device` widens them (float32 for half precision),
-    weights them (once per bucket when weights are equal, per tower otherwise), adds them and
-    unpacks: elementwise the operations of averaging gradient by gradient; the results agree
-    to the last bit or so (TensorFlow's AddN may round differently at other offsets of a buffer).
+    Each tower packs its N gradients, as they are (half precision stays half, and so do, from
+    two towers, float32 gradients that are exactly half-precision ones:
+    `towers.ops._exact_widening`), into buckets of at most `bucket_bytes` on its own device,
+    so a few buffers per tower cross to `device` instead of N. `device` widens them (float32
+    for half precision), weights them (once per bucket when weights are equal, per tower
+    otherwise), adds them and unpacks: elementwise the operations of averaging gradient by
+    gradient; the results agree to the last bit or so (TensorFlow's AddN may round
+    differently at other offsets of a buffer).
 
     Args:
       per_tower: K lists of N dense gradients with static shapes, list i on tower i.
@@ -32,7 +33,8 @@ def packed_mean(
       N averaged gradients, built on `device`, in the gradients' dtypes.
     """
     dtypes = [g.dtype for g in per_tower[0]]
-    narrow = narrow_columns([list(column) for column in zip(*per_tower)])
+    columns = [list(column) for column in zip(*per_tower)]  # (two: one addition each)
+    narrow = narrow_columns(columns) if len(per_tower) == 2 else [None] * len(columns)
     per_tower = [  # exact float32 gradients of half-precision ones cross narrow
         [g if forms is None else forms[i] for g, forms in zip(grads, narrow)]
         for i, grads in enumerate(per_tower)

@@ -19,9 +19,9 @@ training program needs none of it. It is the one door through which `towers` rea
   `Weight` and `Gradient`.
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
   unique), `check_bucket_bytes`, `packed_arguments` (all-reduced gradients as the terms a
-  compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`), `narrow_form`,
-  `widened` and `HALF` (float32 gradients that are exactly half-precision ones, which the
-  exchanges send narrow: `towers.ops._exact_widening`), and `sparse_mode` (`Replicated`'s
+  compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`), `narrow_form`
+  and `HALF` (float32 gradients that are exactly half-precision ones, which exchanges of two
+  towers send narrow: `towers.ops._exact_widening`), and `sparse_mode` (`Replicated`'s
   "auto" for `tf.IndexedSlices`: dense on logical GPUs of one GPU, gathered elsewhere).
 - The AutoGraph rule: `library_code` marks a function AutoGraph must not convert (every
   public function of `towers` and `towers.ops` carries it, or calls user code through
@@ -55,7 +55,7 @@ from towers.ops._collectives import (
     trace_count,
 )
 from towers.ops._device_scope import device_scope, host_scope
-from towers.ops._exact_widening import HALF, narrow_form, widened
+from towers.ops._exact_widening import HALF, narrow_form
 from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
@@ -110,5 +110,4 @@ __all__ = [
     "trace_count",
     "update_ops",
     "weight_in",
-    "widened",
 ]

@@ -47,8 +47,9 @@ def _narrow_crossings(graph, devices):
 
 class NarrowFormTest(tf.test.TestCase):
     def test_finds_the_half_precision_tensor_behind_a_cast(self):
-        """A cast from bfloat16 or float16 to float32 (what a mixed-precision gradient is), or
-        a noted widening (a compiled program's output, cast outside it); nothing else."""
+        """A cast from bfloat16 or float16 to float32 (what a mixed-precision gradient is),
+        without control dependencies of its own (its input alone would drop them); nothing
+        else."""
 
         @tf.function
         def build(x):
@@ -57,7 +58,8 @@ class NarrowFormTest(tf.test.TestCase):
             wide = tf.cast(half, tf.float32)
             self.assertIs(internal.narrow_form(wide), half)
             self.assertIs(internal.narrow_form(tf.cast(f16, tf.float32)), f16)
-            self.assertIs(internal.narrow_form(internal.widened(half)), half)
+            with tf.control_dependencies([tf.identity(x)]):
+                self.assertIsNone(internal.narrow_form(tf.cast(half, tf.float32)))
             self.assertIsNone(internal.narrow_form(tf.identity(wide)))  # not a cast
             self.assertIsNone(internal.narrow_form(x))  # a float32 from float32
             self.assertIsNone(internal.narrow_form(tf.cast(half, tf.float64)))
@@ -69,7 +71,24 @@ class NarrowFormTest(tf.test.TestCase):
         build(tf.ones([3]))
         eager = tf.cast(tf.ones([3], tf.bfloat16), tf.float32)
         self.assertIsNone(internal.narrow_form(eager))
-        self.assertEqual(internal.widened(tf.ones([2], tf.bfloat16)).dtype, tf.float32)
+
+    def test_a_v1_graph_keeps_what_the_cast_waited_for(self):
+        """In a v1 graph nothing runs unless something waits for it: a gradient whose cast had
+        control dependencies crosses as float32, and they still run."""
+        devices = test_util.devices(2)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            counter = tf.Variable(0)
+            grads = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    half = tf.cast(tf.fill([40, 30], float(i + 1)), tf.bfloat16)
+                    with tf.control_dependencies([counter.assign_add(1)]):
+                        grads.append([tf.cast(half, tf.float32)])
+            reduced = ops.all_reduce_gradients(grads, devices, algorithm="gather_add")
+            session.run(counter.initializer)
+            got = session.run(reduced)
+            self.assertEqual(session.run(counter), 2)
+            np.testing.assert_array_equal(got[1][0], np.full([40, 30], 1.5, np.float32))
 
 
 class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
@@ -130,13 +149,54 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         graph = fn.get_concrete_function(False).graph
         self.assertTrue(_narrow_crossings(graph, devices))
 
+    def test_columns_narrow_only_where_every_tower_agrees(self):
+        """A column narrow in one tower only, or float16 in one and bfloat16 in the other,
+        crosses as float32; a bfloat16 variable's gradient (summed in float32, cast back)
+        crosses in bfloat16. Each the same bits as with the narrow forms hidden."""
+        devices = test_util.devices(2)
+
+        def column(i, kind, hidden):
+            value = tf.random.stateless_normal([40, 30], seed=[i, len(kind)])
+            if kind == "bf16 variable":
+                return tf.cast(value, tf.bfloat16)
+            dtype = tf.float16 if (kind == "mixed" and i == 1) else tf.bfloat16
+            value = tf.cast(tf.cast(value, dtype), tf.float32)
+            return tf.identity(value) if hidden or (kind == "one tower" and i == 1) else value
+
+        graphs = {}
+
+        def reduce(hidden):
+            @tf.function
+            def fn():
+                grads = []
+                for i, device in enumerate(devices):
+                    with tf.device(device):
+                        grads.append(
+                            [column(i, k, hidden) for k in ("one tower", "mixed", "bf16 variable")]
+                        )
+                return ops.all_reduce_gradients(grads, devices, algorithm="gather_add")
+
+            graphs[hidden] = fn.get_concrete_function().graph
+            return fn()
+
+        narrow, hidden = reduce(False), reduce(True)
+        for got, want in zip(narrow, hidden):
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+        self.assertEqual(narrow[0][2].dtype, tf.bfloat16)
+        crossing = _narrow_crossings(graphs[False], devices)
+        self.assertTrue(crossing)  # the bfloat16 variable's, and nothing else
+        self.assertEqual({tuple(t.shape) for t in crossing}, {(1200,)})
+
 
 class AverageTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters((None,), ((3, 2),))
-    def test_packed_buckets_cross_narrow_and_change_no_bit(self, weights):
-        """A parameter server's mean: each tower packs the bfloat16 values and the variable's
-        device widens them before it weighs and adds them, for any weights."""
-        devices = test_util.devices(2)
+    @parameterized.parameters((None, 2), ((3, 2), 2), ((4, 3, 3), 3))
+    def test_packed_buckets_cross_narrow_and_change_no_bit(self, weights, k):
+        """A parameter server's mean of two towers: each packs the bfloat16 values and the
+        variable's device widens them before it weighs and adds them, for any weights. Of
+        three, they stay float32: the buckets laid out otherwise, TensorFlow grouped the sum
+        of three differently (an ulp apart, in a review's run)."""
+        devices = test_util.devices(k)
         with tf.device(devices[0]):
             variables = [tf.Variable(tf.zeros(s), name=f"v{j}") for j, s in enumerate(SHAPES)]
         graphs = {}
@@ -155,7 +215,7 @@ class AverageTest(tf.test.TestCase, parameterized.TestCase):
         for got, want in zip(mean(False), mean(True)):
             np.testing.assert_array_equal(got.numpy(), want.numpy())
             self.assertEqual(got.dtype, tf.float32)
-        self.assertTrue(_narrow_crossings(graphs[False], devices))
+        self.assertEqual(bool(_narrow_crossings(graphs[False], devices)), k == 2)
         self.assertFalse(_narrow_crossings(graphs[True], devices))
 
 

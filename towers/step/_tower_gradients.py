@@ -6,7 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.core import as_caller_would, current_tower, user_code_entry
-from towers.ops.internal import HALF, library_code, narrow_form, widened
+from towers.ops.internal import HALF, library_code, narrow_form
 from towers.step._compiled import CompiledTower, check_jit_compile
 from towers.step._loss_scale import scale_value
 from towers.step._micro_batches import check_micro_batches, in_micro_batches
@@ -45,10 +45,10 @@ def tower_gradients(
         one part), gradients and loss averaged by part size.
       merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
       jit_compile: Compile the forward and backward pass with XLA, one program on the
-        tower's device (each micro-batch runs it in turn). A float32 variable's gradient
-        that is a half-precision one cast (mixed precision) leaves the program in half
-        precision and is cast outside it: the same values, which exchanges send narrow.
-        See docs/compiled.md.
+        tower's device (each micro-batch runs it in turn). With two towers, a float32
+        variable's gradient that is a half-precision one cast (mixed precision) leaves the
+        program in half precision and is cast outside it, where an exchange of the two
+        towers can send it narrow. See docs/compiled.md.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -80,6 +80,8 @@ def tower_gradients(
             "tower_gradients(jit_compile=True) compiles a tower's pass on the tower's device: "
             "call it inside towers.replicate (or use train_step(..., jit_compile=True))."
         )
+    if tower.num_towers != 2:  # (only two towers' exchanges send gradients narrow)
+        return _passes(CompiledTower(one_pass, tower), shard, micro_batches, merge)
     compiled = CompiledTower(_narrowed(one_pass), tower)
 
     def compiled_pass(inputs: Any) -> tuple[tf.Tensor, Any, list]:
@@ -95,7 +97,8 @@ def _narrowed(one_pass: Callable) -> Callable:
 
     Under mixed precision a float32 variable's gradient is a cast of a half-precision one. A
     compiled program's output hides the cast, so the program returns the half-precision
-    tensor and the caller widens it outside (`_widened`), where an exchange can find it.
+    tensor and the caller casts it outside (`_widened`), where an exchange of two towers
+    finds it and sends it narrow (`towers.ops._exact_widening`).
     """
 
     def narrowed(inputs: Any) -> tuple[tf.Tensor, Any, list]:
@@ -107,9 +110,9 @@ def _narrowed(one_pass: Callable) -> Callable:
 
 
 def _widened(grad: Any, var: tf.Variable) -> Any:
-    """A narrowed gradient widened again (noted: an exchange may send it narrow)."""
+    """A gradient `_narrowed` returned in half precision, cast back to its variable's float32."""
     if isinstance(grad, tf.Tensor) and grad.dtype in HALF and tf.as_dtype(var.dtype) == tf.float32:
-        return widened(grad)
+        return tf.cast(grad, tf.float32)
     return grad
 
 

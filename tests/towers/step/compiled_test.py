@@ -224,6 +224,28 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             self.assertIn(tf.bfloat16, [t.dtype for t in [*call.outputs, *call.inputs]], call.name)
         for call in _calls(hidden_graph, "update") + _calls(hidden_graph):
             self.assertNotIn(tf.bfloat16, [t.dtype for t in [*call.outputs, *call.inputs]])
+        # Three towers' exchanges send nothing narrow: their programs return float32, as
+        # before (no casts outside them). (Traced only.)
+        three = test_util.devices(3)
+        model = towers.Replicated(_Mixed, three) if strategy == "replicated" else _Mixed()
+        local = model.local if strategy == "replicated" else (lambda: model)
+        graph = (
+            tf.function(
+                lambda b: towers.train_step(
+                    lambda s: _mixed_loss(local())(s),
+                    model,
+                    towers.SGD(0.1),
+                    b,
+                    three,
+                    jit_compile=True,
+                )  # fmt: skip
+            )
+            .get_concrete_function(_mixed_batch(0))
+            .graph
+        )
+        self.assertLen(_calls(graph), 3)
+        for call in _calls(graph):
+            self.assertNotIn(tf.bfloat16, [t.dtype for t in call.outputs], call.name)
 
     def test_no_program_is_compiled_again_when_the_distinct_ids_change(self):
         """Every compiled program's arguments keep their shapes from step to step. Before: the
