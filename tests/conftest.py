@@ -48,6 +48,17 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: within a rank, the collection order
 
 
+def pytest_collection_finish(session):
+    """Freezes what the process holds once every test module is imported (TensorFlow, towers,
+    the tests' modules: about 320,000 objects that live as long as the process), so that no
+    garbage collection walks them again: a full collection took 0.13 s of CPU here, frozen a
+    few microseconds, whether `pytest_runtest_teardown` asks for it or Python starts one.
+    Only objects made before the first test are frozen; a test's garbage is collected as
+    before."""
+    gc.collect()
+    gc.freeze()
+
+
 # Tests whose tf.data iterators end up in reference cycles (a `tf.function` that captured one,
 # a snippet's namespace, a test class's state). TensorFlow 2.21 destroys an iterator by waiting
 # for its autotuning thread, which sleeps out its optimization period (doubling up to a
