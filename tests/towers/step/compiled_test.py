@@ -63,8 +63,9 @@ def _calls(graph: tf.Graph, program: str = "_body") -> list[tf.Operation]:
 
 
 def _step(model, local, devices, accumulate=None):
-    """A compiled Adam step of the test model."""
+    """A compiled Adam step of the test model (its slots made first: one trace)."""
     optimizer = towers.Adam(0.1)
+    optimizer.build(model)
 
     @tf.function
     def step(batch):
@@ -77,22 +78,36 @@ def _step(model, local, devices, accumulate=None):
 
 
 class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
+    _by_hand = {}  # examples: the hand-written run, shared by the tests and strategies
+
+    def _hand_written(self, examples):
+        """STEPS momentum steps of the hand-written single-device step on `examples`: each
+        step's (loss, logits) and the weights after them (computed once per size)."""
+        if examples not in self._by_hand:
+            reference = test_util.built_model()
+            by_hand = test_util.reference_step(
+                reference, test_util.loss_fn(reference), 0.1, momentum=0.9
+            )
+            steps = [by_hand(test_util.batch(examples, seed=i)) for i in range(STEPS)]
+            self._by_hand[examples] = steps, [v.numpy() for v in reference.variables]
+        return self._by_hand[examples]
+
     @parameterized.parameters("ps", "ps_cpu", "replicated")
     def test_k_compiled_towers_equal_the_hand_written_step(self, strategy):
         """11 examples over 3 towers (4, 4, 3), momentum: the hand-written step's weights."""
         devices = test_util.devices(4)[1:] if strategy == "ps_cpu" else test_util.devices(3)
-        reference = test_util.built_model()
-        by_hand = test_util.reference_step(
-            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
-        )
+        by_hand, reference = self._hand_written(11)
+        optimizer = towers.SGD(0.1, momentum=0.9)
         if strategy == "replicated":
             model = towers.Replicated(test_util.built_model, devices)
             local = model.local
+            # The slots made now, as the step would make them: a first call that makes
+            # variables is traced (and its programs compiled) twice.
+            optimizer.build(model)
         else:
             model = test_util.Model()  # built in the first tower, on the parameter server
             local = lambda: model  # noqa: E731
         variable_strategy = towers.ParameterServer() if strategy == "ps_cpu" else None
-        optimizer = towers.SGD(0.1, momentum=0.9)
 
         @tf.function
         def step(batch):
@@ -106,14 +121,12 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
                 jit_compile=True,
             )
 
-        for i in range(STEPS):
-            batch = test_util.batch(11, seed=i)
-            loss, logits = step(batch)
-            want_loss, want_logits = by_hand(batch)
+        for i, (want_loss, want_logits) in enumerate(by_hand):
+            loss, logits = step(test_util.batch(11, seed=i))
             test_util.assert_allclose(loss, want_loss, rtol=1e-5)
             test_util.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-6)
         trained = model.replicas[-1] if strategy == "replicated" else model
-        for got, want in zip(trained.variables, reference.variables):
+        for got, want in zip(trained.variables, reference, strict=True):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         if strategy == "replicated":
             towers.check_replicas_identical(model)
@@ -137,14 +150,12 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         before the exchange) or 6 and 6 (the sum halved inside): the hand-written step's
         weights, the copies bitwise equal."""
         devices = test_util.devices(2)
-        reference = test_util.built_model()
-        by_hand = test_util.reference_step(
-            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
-        )
+        by_hand, reference = self._hand_written(examples)
         model = towers.Replicated(
             test_util.built_model, devices, all_reduce=algorithm, sparse="dense"
         )
         optimizer = towers.SGD(0.1, momentum=0.9)
+        optimizer.build(model)  # (traced once, as above)
 
         @tf.function
         def step(batch):
@@ -153,10 +164,11 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
                 jit_compile=True,
             )  # fmt: skip
 
-        for i in range(STEPS):
-            batch = test_util.batch(examples, seed=i)
-            test_util.assert_allclose(step(batch)[0], by_hand(batch)[0], rtol=1e-5)
-        for got, want in zip(model.replicas[1].variables, reference.variables):
+        for i, (want_loss, _) in enumerate(by_hand):
+            test_util.assert_allclose(
+                step(test_util.batch(examples, seed=i))[0], want_loss, rtol=1e-5
+            )
+        for got, want in zip(model.replicas[1].variables, reference, strict=True):
             test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         towers.check_replicas_identical(model)
         trained = [v for v in model.replicas[0].trainable_variables]
