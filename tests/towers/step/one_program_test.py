@@ -68,6 +68,9 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
             model = trained = test_util.built_model()
             local = lambda: model  # noqa: E731
         optimizer = rules_test.CASES[case][0]()
+        # The state made now, as the step would make it: a first call that makes variables is
+        # traced (and its program compiled) twice. (Made by the step: rules_test.)
+        optimizer.build(model)
         step = _compiled_step(model, local, optimizer, devices)
         graph = step.get_concrete_function(test_util.batch(11)).graph
         self.assertEqual(_programs(graph), ["__inference__body"])
@@ -85,6 +88,7 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
         devices = test_util.devices(1)
         model, local, (trained,) = nonfinite_test._normed_model("replicated", devices, sync)
         optimizer = towers.Adam(0.1)
+        optimizer.build(model)  # (one trace, as above)
         step = nonfinite_test._normed_step(model, devices, nonfinite, local, optimizer, True)
         graph = step.get_concrete_function(tf.zeros([8, 3])).graph
         (program,) = _calls(graph)
