@@ -45,6 +45,18 @@ def _narrow_crossings(graph, devices):
     return crossing
 
 
+def _both_ways(build):
+    """Runs `build(hidden)` (a reduction) with the narrow forms seen and hidden, asserts the
+    two give the same bits, and returns (the results, the graph that saw them, the other)."""
+    runs = {}
+    for hidden in (False, True):
+        fn = tf.function(lambda hidden=hidden: build(hidden))
+        runs[hidden] = fn(), fn.get_concrete_function().graph
+    for got, want in zip(tf.nest.flatten(runs[False][0]), tf.nest.flatten(runs[True][0])):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    return runs[False][0], runs[False][1], runs[True][1]
+
+
 class NarrowFormTest(tf.test.TestCase):
     def test_finds_the_half_precision_tensor_behind_a_cast(self):
         """A cast from bfloat16 or float16 to float32 (what a mixed-precision gradient is),
@@ -106,36 +118,27 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         is one addition whatever the buckets; on more, the buckets stay as they were.)"""
         devices = test_util.devices(k)
         weights = weights and weights[:k]
-        graphs = {}
-
-        def reduce(hidden):
-            @tf.function
-            def fn():
-                return ops.all_reduce_gradients(
-                    _grads(devices, 7, hidden), devices, weights=weights,
-                    algorithm=algorithm, bucket_bytes=8 * 1024,
-                )  # fmt: skip
-
-            graphs[hidden] = fn.get_concrete_function().graph
-            return fn()
-
-        narrow, hidden = reduce(False), reduce(True)
-        for got, want in zip(narrow, hidden):
-            for a, b in zip(got, want):
-                np.testing.assert_array_equal(a.numpy(), b.numpy())
-        crossing = _narrow_crossings(graphs[False], devices)
+        _, graph, hidden_graph = _both_ways(
+            lambda hidden: ops.all_reduce_gradients(
+                _grads(devices, 7, hidden),
+                devices,
+                weights=weights,
+                algorithm=algorithm,
+                bucket_bytes=8 * 1024,
+            )  # fmt: skip
+        )
+        crossing = _narrow_crossings(graph, devices)
         # ("auto" sums these buckets, all under its 64 KiB, with reduce_broadcast: widened.)
         sends = algorithm == "gather_add" and k == 2 and weights is None
         self.assertEqual(bool(crossing), sends, crossing)
-        self.assertFalse(_narrow_crossings(graphs[True], devices))
+        self.assertFalse(_narrow_crossings(hidden_graph, devices))
 
     def test_auto_sends_large_buckets_narrow_on_two_devices(self):
         """Over its 64 KiB threshold "auto" takes `gather_add` on two devices: the bucket of
         the bfloat16 values crosses narrow, and the sum is the float32 one."""
         devices = test_util.devices(2)
 
-        @tf.function
-        def fn(hidden):
+        def reduce(hidden):
             grads = []
             for i, device in enumerate(devices):
                 with tf.device(device):
@@ -144,9 +147,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
                     grads.append([tf.identity(value) if hidden else value])
             return ops.all_reduce_gradients(grads, devices)
 
-        got, want = fn(False), fn(True)
-        np.testing.assert_array_equal(got[1][0].numpy(), want[1][0].numpy())
-        graph = fn.get_concrete_function(False).graph
+        _, graph, _ = _both_ways(reduce)
         self.assertTrue(_narrow_crossings(graph, devices))
 
     def test_columns_narrow_only_where_every_tower_agrees(self):
@@ -163,28 +164,17 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
             value = tf.cast(tf.cast(value, dtype), tf.float32)
             return tf.identity(value) if hidden or (kind == "one tower" and i == 1) else value
 
-        graphs = {}
-
         def reduce(hidden):
-            @tf.function
-            def fn():
-                grads = []
-                for i, device in enumerate(devices):
-                    with tf.device(device):
-                        grads.append(
-                            [column(i, k, hidden) for k in ("one tower", "mixed", "bf16 variable")]
-                        )
-                return ops.all_reduce_gradients(grads, devices, algorithm="gather_add")
+            grads = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    kinds = ("one tower", "mixed", "bf16 variable")
+                    grads.append([column(i, kind, hidden) for kind in kinds])
+            return ops.all_reduce_gradients(grads, devices, algorithm="gather_add")
 
-            graphs[hidden] = fn.get_concrete_function().graph
-            return fn()
-
-        narrow, hidden = reduce(False), reduce(True)
-        for got, want in zip(narrow, hidden):
-            for a, b in zip(got, want):
-                np.testing.assert_array_equal(a.numpy(), b.numpy())
+        narrow, graph, _ = _both_ways(reduce)
         self.assertEqual(narrow[0][2].dtype, tf.bfloat16)
-        crossing = _narrow_crossings(graphs[False], devices)
+        crossing = _narrow_crossings(graph, devices)
         self.assertTrue(crossing)  # the bfloat16 variable's, and nothing else
         self.assertEqual({tuple(t.shape) for t in crossing}, {(1200,)})
 
@@ -199,24 +189,17 @@ class AverageTest(tf.test.TestCase, parameterized.TestCase):
         devices = test_util.devices(k)
         with tf.device(devices[0]):
             variables = [tf.Variable(tf.zeros(s), name=f"v{j}") for j, s in enumerate(SHAPES)]
-        graphs = {}
-
-        def mean(hidden):
-            @tf.function
-            def fn():
-                return ops.average_gradients(
-                    _grads(devices, 3, hidden), weights=weights, variables=variables,
-                    bucket_bytes=8 * 1024,
-                )  # fmt: skip
-
-            graphs[hidden] = fn.get_concrete_function().graph
-            return fn()
-
-        for got, want in zip(mean(False), mean(True)):
-            np.testing.assert_array_equal(got.numpy(), want.numpy())
-            self.assertEqual(got.dtype, tf.float32)
-        self.assertEqual(bool(_narrow_crossings(graphs[False], devices)), k == 2)
-        self.assertFalse(_narrow_crossings(graphs[True], devices))
+        means, graph, hidden_graph = _both_ways(
+            lambda hidden: ops.average_gradients(
+                _grads(devices, 3, hidden),
+                weights=weights,
+                variables=variables,
+                bucket_bytes=8 * 1024,
+            )  # fmt: skip
+        )
+        self.assertEqual({m.dtype for m in means}, {tf.float32})
+        self.assertEqual(bool(_narrow_crossings(graph, devices)), k == 2)
+        self.assertFalse(_narrow_crossings(hidden_graph, devices))
 
 
 if __name__ == "__main__":
