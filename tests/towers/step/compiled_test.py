@@ -190,7 +190,8 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         parameter server's packed buckets) and is widened where it is added. The weights
         after three steps are bitwise those of the same step with the narrow forms hidden
         (on CPUs; on a GPU within bfloat16's rounding of the gradient, see docs/compiled.md),
-        and within bfloat16's rounding of the hand-written whole-batch step."""
+        and within bfloat16's rounding of the hand-written whole-batch step. A NaN step then
+        raises and changes nothing."""
         devices = test_util.devices(2)
         reference = _Mixed()
         by_hand = test_util.reference_step(reference, _mixed_loss(reference), 0.1)
@@ -218,8 +219,15 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
 
                 for i in range(3):
                     step(_mixed_batch(i))
+                weights = [v.numpy() for v in final.variables]
+                inputs, labels = _mixed_batch(3)
+                inputs[5, 7] = np.nan  # in the second tower's shard
+                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "NaN or Inf"):
+                    step((inputs, labels))
+                for got, want in zip(final.variables, weights):  # the NaN step changed nothing
+                    np.testing.assert_array_equal(got.numpy(), want)
                 graph = step.get_concrete_function(_mixed_batch(0)).graph
-            return [v.numpy() for v in final.variables], graph
+            return weights, graph
 
         (narrow, graph), (wide, hidden_graph) = run(False), run(True)
         for i in range(3):
