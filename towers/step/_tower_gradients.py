@@ -5,13 +5,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.core import as_caller_would, current_tower, user_code_entry
+from towers.core import TowerContext, as_caller_would, current_tower, user_code_entry
 from towers.ops.internal import HALF, library_code, narrow_form
 from towers.step._compiled import CompiledTower, check_jit_compile
 from towers.step._loss_scale import scale_value
 from towers.step._micro_batches import check_micro_batches, in_micro_batches
 from towers.step._tower_builder import resolve_strategy
 from towers.variables import VariableStrategy
+from towers.workers import current_workers
 
 Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
 
@@ -45,10 +46,10 @@ def tower_gradients(
         one part), gradients and loss averaged by part size.
       merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
       jit_compile: Compile the forward and backward pass with XLA, one program on the
-        tower's device (each micro-batch runs it in turn). With two towers, a float32
-        variable's gradient that is a half-precision one cast (mixed precision) leaves the
-        program in half precision and is cast outside it, where an exchange of the two
-        towers can send it narrow. See docs/compiled.md.
+        tower's device (each micro-batch runs it in turn). With two towers of one worker,
+        one pass each and unsharded state, a float32 variable's gradient that is a
+        half-precision one cast (mixed precision) leaves the program in half precision and
+        is cast outside it, where the exchange can send it narrow. See docs/compiled.md.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -80,7 +81,7 @@ def tower_gradients(
             "tower_gradients(jit_compile=True) compiles a tower's pass on the tower's device: "
             "call it inside towers.replicate (or use train_step(..., jit_compile=True))."
         )
-    if tower.num_towers != 2:  # (only two towers' exchanges send gradients narrow)
+    if not _sent_narrow(tower, strategy, micro_batches):
         return _passes(CompiledTower(one_pass, tower), shard, micro_batches, merge)
     compiled = CompiledTower(_narrowed(one_pass), tower)
 
@@ -90,6 +91,22 @@ def tower_gradients(
         return loss, outputs, [_widened(g, v) for g, v in zip(grads, trained)]
 
     return _passes(compiled_pass, shard, micro_batches, merge)
+
+
+def _sent_narrow(tower: TowerContext, strategy: VariableStrategy, micro_batches: int) -> bool:
+    """Whether the exchange may send this tower's exact half-precision gradients narrow.
+
+    Two towers of one worker, one pass each (micro-batches add the passes' gradients in
+    float32 first), state not sharded (its reduce-scatter sends float32). Elsewhere the
+    program returns float32, as it would with no exchange at all: a cast outside it would be
+    one more kernel per gradient, for nothing.
+    """
+    return (
+        tower.num_towers == 2
+        and current_workers().num_workers == 1
+        and micro_batches == 1
+        and not getattr(strategy, "shard_optimizer_state", False)
+    )
 
 
 def _narrowed(one_pass: Callable) -> Callable:

@@ -244,11 +244,29 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             self.assertIn(tf.bfloat16, [t.dtype for t in [*call.outputs, *call.inputs]], call.name)
         for call in _calls(hidden_graph, "update") + _calls(hidden_graph):
             self.assertNotIn(tf.bfloat16, [t.dtype for t in [*call.outputs, *call.inputs]])
-        # Three towers' exchanges send nothing narrow: their programs return float32, as
-        # before (no casts outside them). (Traced only.)
-        three = test_util.devices(3)
-        model = towers.Replicated(_Mixed, three) if strategy == "replicated" else _Mixed()
-        local = model.local if strategy == "replicated" else (lambda: model)
+
+    @parameterized.parameters(
+        ("replicated", 3, {}),
+        ("ps", 3, {}),
+        ("replicated", 2, dict(micro_batches=2)),
+        ("replicated", 2, dict(shard_optimizer_state=True)),
+        ("replicated", 2, dict(workers=2)),
+    )
+    def test_towers_whose_exchange_sends_nothing_narrow_return_float32(self, strategy, k, options):
+        """Three towers, micro-batches, sharded state, two devices of each of two workers:
+        their exchanges send float32, so each tower's program returns float32 gradients, as
+        before (no cast outside it). Fails if every two-tower program returns bfloat16.
+        (Traced only; the workers as the towers see them, the exchange of one.)"""
+        devices = test_util.devices(k)
+        sharded = options.pop("shard_optimizer_state", False)
+        workers = towers.WorkerInfo(num_workers=options.pop("workers", 1))
+        self.enter_context(mock.patch.object(_tower_gradients, "current_workers", lambda: workers))
+        if strategy == "replicated":
+            model = towers.Replicated(_Mixed, devices, shard_optimizer_state=sharded)
+            local = model.local
+        else:
+            model = _Mixed()
+            local = lambda: model  # noqa: E731
         graph = (
             tf.function(
                 lambda b: towers.train_step(
@@ -256,15 +274,17 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
                     model,
                     towers.SGD(0.1),
                     b,
-                    three,
+                    devices,
                     jit_compile=True,
+                    **options,
                 )  # fmt: skip
             )
             .get_concrete_function(_mixed_batch(0))
             .graph
         )
-        self.assertLen(_calls(graph), 3)
-        for call in _calls(graph):
+        programs = _calls(graph)  # (each micro-batch calls its tower's program)
+        self.assertLen(programs, k * options.get("micro_batches", 1))
+        for call in programs:
             self.assertNotIn(tf.bfloat16, [t.dtype for t in call.outputs], call.name)
 
     def test_no_program_is_compiled_again_when_the_distinct_ids_change(self):
