@@ -17,7 +17,7 @@ import tensorflow as tf
 from towers.ops.internal import deduplicated, densified, library_code, update_ops
 from towers.optimizers._checks import check_learning_rate
 from towers.optimizers._device_updates import copy_updates
-from towers.variables import CopiedState, Copies, canonical_name, state_copies
+from towers.variables import CopiedState, Copies, canonical_name, state_copies, state_variable
 
 Gradient = tf.Tensor | tf.IndexedSlices
 LearningRate = float | tf.Tensor | tf.Variable | Callable[[tf.Tensor], Any]
@@ -261,19 +261,17 @@ class Optimizer(tf.Module, CopiedState):
                 state.name, state.copy = name, copy
             return state
         name = name if name is not None else self._unique(canonical_name(var.name))
-        with tf.init_scope(), tf.device(var.device):
-            slots = {
-                slot: tf.Variable(
-                    tf.fill(var.shape, tf.cast(self.initial_slot_value, var.dtype)),
-                    trainable=False,
-                    name=f"{canonical_name(var.name)}/{slot}",
-                )
-                for slot in self.slot_names
-            }
-            if copy not in self.iterations and self.counts_steps:
-                self.iterations[copy] = tf.Variable(
-                    tf.constant(0, tf.int64), trainable=False, name="iterations"
-                )
+        filled = lambda: tf.fill(var.shape, tf.cast(self.initial_slot_value, var.dtype))  # noqa: E731
+        slots = {
+            slot: state_variable(
+                filled, var.device, trainable=False, name=f"{canonical_name(var.name)}/{slot}"
+            )
+            for slot in self.slot_names
+        }
+        if copy not in self.iterations and self.counts_steps:
+            self.iterations[copy] = state_variable(
+                lambda: tf.constant(0, tf.int64), var.device, trainable=False, name="iterations"
+            )
         self.slot_variables.extend(slots.values())
         state = self._states[var.ref()] = _VariableState(name, copy, slots)
         return state

@@ -5,7 +5,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import check_int, densified, library_code
-from towers.variables import CopiedState, Copies
+from towers.variables import CopiedState, Copies, state_variable
 
 
 class GradientAccumulator(tf.Module, CopiedState):
@@ -37,9 +37,9 @@ class GradientAccumulator(tf.Module, CopiedState):
     def __init__(self, every: int, name: str = "gradient_accumulator"):
         super().__init__(name=name)
         self.every = check_int(every, "every", minimum=1)
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self.calls = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="calls")
-            self.examples = tf.Variable(0.0, trainable=False, name="examples")
+        zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
+        self.calls = state_variable(zero, "/cpu:0", trainable=False, name="calls")
+        self.examples = state_variable(0.0, "/cpu:0", trainable=False, name="examples")
         self._sums: dict[Any, tuple[str, int, tf.Variable]] = {}  # var.ref() -> its sum
         self.sum_variables: list[tf.Variable] = []
 
@@ -54,10 +54,12 @@ class GradientAccumulator(tf.Module, CopiedState):
         for name, group in copies.items():
             for copy, var in enumerate(group):
                 if var is not None and var.ref() not in self._sums:  # (None: sharded state)
-                    with tf.init_scope(), tf.device(var.device):
-                        total = tf.Variable(
-                            tf.zeros(var.shape, var.dtype), trainable=False, name=f"{name}/sum"
-                        )
+                    total = state_variable(
+                        lambda v=var: tf.zeros(v.shape, v.dtype),
+                        var.device,
+                        trainable=False,
+                        name=f"{name}/sum",
+                    )
                     self._sums[var.ref()] = (name, copy, total)
                     self.sum_variables.append(total)
 

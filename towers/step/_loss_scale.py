@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from towers.ops.internal import check_int, check_number, library_code
+from towers.variables import state_variable
 
 _LARGEST_FLOAT32 = float(np.finfo(np.float32).max)  # scales are float32 variables
 
@@ -40,11 +41,9 @@ class LossScale(tf.Module):
     def __init__(self, scale: float = 1.0, name: str = "loss_scale"):
         super().__init__(name=name)
         scale = check_number(scale, "scale", above=0.0, maximum=_LARGEST_FLOAT32)
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self.scale = tf.Variable(scale, trainable=False, name="scale")
-            self.skipped_steps = tf.Variable(
-                tf.constant(0, tf.int64), trainable=False, name="skipped_steps"
-            )
+        zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
+        self.scale = state_variable(scale, "/cpu:0", trainable=False, name="scale")
+        self.skipped_steps = state_variable(zero, "/cpu:0", trainable=False, name="skipped_steps")
 
     @library_code
     def update(self, finite: tf.Tensor) -> Any:
@@ -103,10 +102,8 @@ class DynamicLossScale(LossScale):
         self.growth_factor = check_number(growth_factor, "growth_factor", above=1.0)
         self.backoff_factor = check_number(backoff_factor, "backoff_factor", above=0.0, below=1.0)
         self.min_scale = check_number(min_scale, "min_scale", above=0.0)
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self.good_steps = tf.Variable(
-                tf.constant(0, tf.int64), trainable=False, name="good_steps"
-            )
+        zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
+        self.good_steps = state_variable(zero, "/cpu:0", trainable=False, name="good_steps")
 
     @library_code
     def update(self, finite: tf.Tensor) -> Any:

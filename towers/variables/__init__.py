@@ -17,6 +17,7 @@ from towers.variables._names import CopiedState, Copies, canonical_name
 from towers.variables._parameter_server import ParameterServer
 from towers.variables._replica_checks import check_replicas_identical
 from towers.variables._replicated import Replicated
+from towers.variables._state_variable import state_variable
 from towers.variables._strategy import ReducedGradients, VariableStrategy, updates_state
 from towers.variables._targets import Target, named_variables, state_copies, variable_copies
 
@@ -36,6 +37,7 @@ __all__ = [
     "defers_state_updates",
     "named_variables",
     "state_copies",
+    "state_variable",
     "updates_state",
     "variable_copies",
 ]

@@ -30,9 +30,6 @@ class MicroBatchTest(tf.test.TestCase, parameterized.TestCase):
             model = _build()
             local = lambda: model  # noqa: E731
         optimizer = towers.SGD(0.1, momentum=0.9)
-        # The slots made now, as the step would make them: a first call that makes variables
-        # is traced twice. (Made by the step: AcrossCallsTest, train_step_test.)
-        optimizer.build(model)
 
         @tf.function
         def step(batch):

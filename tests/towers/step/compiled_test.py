@@ -63,9 +63,8 @@ def _calls(graph: tf.Graph, program: str = "_body") -> list[tf.Operation]:
 
 
 def _step(model, local, devices, accumulate=None):
-    """A compiled Adam step of the test model (its slots made first: one trace)."""
+    """A compiled Adam step of the test model."""
     optimizer = towers.Adam(0.1)
-    optimizer.build(model)
 
     @tf.function
     def step(batch):
@@ -101,9 +100,6 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         if strategy == "replicated":
             model = towers.Replicated(test_util.built_model, devices)
             local = model.local
-            # The slots made now, as the step would make them: a first call that makes
-            # variables is traced (and its programs compiled) twice.
-            optimizer.build(model)
         else:
             model = test_util.Model()  # built in the first tower, on the parameter server
             local = lambda: model  # noqa: E731
@@ -155,7 +151,6 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             test_util.built_model, devices, all_reduce=algorithm, sparse="dense"
         )
         optimizer = towers.SGD(0.1, momentum=0.9)
-        optimizer.build(model)  # (traced once, as above)
 
         @tf.function
         def step(batch):

@@ -68,9 +68,6 @@ class OneProgramTest(tf.test.TestCase, parameterized.TestCase):
             model = trained = test_util.built_model()
             local = lambda: model  # noqa: E731
         optimizer = rules_test.CASES[case][0]()
-        # The state made now, as the step would make it: a first call that makes variables is
-        # traced (and its program compiled) twice. (Made by the step: rules_test.)
-        optimizer.build(model)
         step = _compiled_step(model, local, optimizer, devices)
         graph = step.get_concrete_function(test_util.batch(11)).graph
         self.assertEqual(_programs(graph), ["__inference__body"])

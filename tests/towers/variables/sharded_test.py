@@ -24,10 +24,6 @@ def _train(k, shard, rule="adam", steps=STEPS, start=0, replicas=None, optimizer
         test_util.built_model, devices, shard_optimizer_state=shard
     )
     optimizer = optimizer or RULES[rule]()
-    # Its state made now, as the step would make it (one `_state_of` per copy that keeps
-    # some): a first call that makes variables is traced twice. (Made by the step itself:
-    # guard_placement_test, gpu_graph_test.)
-    optimizer.build(replicas)
 
     @tf.function
     def train(batch):
