@@ -36,8 +36,10 @@ run gpt_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=x
 run resnet_k1 330 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --compiled=xla --configs="^(one device xla|mirrored xla|$ours)$"
 run resnet_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=resnet50 --compiled=xla --configs="^(mirrored xla|$ours)$"
 # The exchange at K=2 (issue #32's K=2 gap): the default (auto, 64 MiB buckets) beside ring and
-# reduce-broadcast in 64 MiB buckets and reduce-broadcast in one bucket.
-exchange='^(mirrored xla|towers replicated xla|towers replicated xla, (ring|reduce-broadcast), 64 MiB buckets|towers replicated xla, reduce-broadcast, one bucket|hand-written towers xla, update compiled)$'
+# reduce-broadcast in 64 MiB buckets, reduce-broadcast in one bucket, and sharded state (each
+# copy updates half the weights, then gathers the other half: one update's work, not two, on
+# one split GPU).
+exchange='^(mirrored xla|towers replicated xla|towers replicated xla, (ring|reduce-broadcast), 64 MiB buckets|towers replicated xla, reduce-broadcast, one bucket|towers replicated xla, sharded state|hand-written towers xla, update compiled)$'
 run gpt_k2_exchange 280 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$exchange"
 run gpt_plain_k1 120 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=plain --configs="$plain"
 run gpt_plain_k2 120 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=plain --configs="$plain"

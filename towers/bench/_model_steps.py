@@ -268,6 +268,13 @@ def model_rows(
                 rows[f"towers replicated xla, sparse {sparse}"] = functools.partial(
                     towers_step, devices=devices, dataset=dataset, replicated=dict(sparse=sparse)
                 )
+        if len(devices) > 1:  # each copy updates its share and gathers the others' weights
+            rows["towers replicated xla, sharded state"] = functools.partial(
+                towers_step,
+                devices=devices,
+                dataset=dataset,
+                replicated=dict(shard_optimizer_state=True),
+            )
         if len(devices) > 1:  # the exchange in fewer, larger transfers
             for name, algorithm, size, bucket in (
                 ("ring", "ring", "64 MiB buckets", 64 * 2**20),

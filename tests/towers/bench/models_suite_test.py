@@ -27,6 +27,7 @@ class ModelsSuiteTest(tf.test.TestCase):
             "towers replicated xla, no guard",
             "towers replicated xla, skip",
             "towers replicated xla, update uncompiled",
+            "towers replicated xla, sharded state",
             "hand-written towers xla, update compiled",
         ):
             self.assertIn(label, labels)
