@@ -89,7 +89,8 @@ class NarrowFormTest(tf.test.TestCase):
         control dependencies crosses as float32, and they still run."""
         devices = test_util.devices(2)
         with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-            counter = tf.Variable(0)
+            with tf.device("/device:CPU:0"):  # (no int32 variable on a GPU; v1: no soft placement)
+                counter = tf.Variable(0)
             grads = []
             for i, device in enumerate(devices):
                 with tf.device(device):
