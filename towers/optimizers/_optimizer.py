@@ -76,6 +76,7 @@ class Optimizer(tf.Module, CopiedState):
         self._states: dict[Any, _VariableState] = {}  # variable.ref() -> its state
         self.iterations: dict[int, tf.Variable] = {}  # copy -> its step count
         self.slot_variables: list[tf.Variable] = []  # every slot, for tf.Module.variables
+        self._hidden = not tf.inside_function()  # (made in a trace: see `state_variable`)
 
     @abc.abstractmethod
     def update(
@@ -262,16 +263,16 @@ class Optimizer(tf.Module, CopiedState):
             return state
         name = name if name is not None else self._unique(canonical_name(var.name))
         filled = lambda: tf.fill(var.shape, tf.cast(self.initial_slot_value, var.dtype))  # noqa: E731
+        kept = dict(hidden=self._hidden, trainable=False)
         slots = {
             slot: state_variable(
-                filled, var.device, trainable=False, name=f"{canonical_name(var.name)}/{slot}"
+                filled, var.device, name=f"{canonical_name(var.name)}/{slot}", **kept
             )
             for slot in self.slot_names
         }
         if copy not in self.iterations and self.counts_steps:
-            self.iterations[copy] = state_variable(
-                lambda: tf.constant(0, tf.int64), var.device, trainable=False, name="iterations"
-            )
+            zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
+            self.iterations[copy] = state_variable(zero, var.device, name="iterations", **kept)
         self.slot_variables.extend(slots.values())
         state = self._states[var.ref()] = _VariableState(name, copy, slots)
         return state

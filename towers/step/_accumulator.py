@@ -37,9 +37,14 @@ class GradientAccumulator(tf.Module, CopiedState):
     def __init__(self, every: int, name: str = "gradient_accumulator"):
         super().__init__(name=name)
         self.every = check_int(every, "every", minimum=1)
+        self._hidden = not tf.inside_function()  # (made in a trace: see `state_variable`)
         zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
-        self.calls = state_variable(zero, "/cpu:0", trainable=False, name="calls")
-        self.examples = state_variable(0.0, "/cpu:0", trainable=False, name="examples")
+        self.calls = state_variable(
+            zero, "/cpu:0", hidden=self._hidden, trainable=False, name="calls"
+        )
+        self.examples = state_variable(
+            0.0, "/cpu:0", hidden=self._hidden, trainable=False, name="examples"
+        )
         self._sums: dict[Any, tuple[str, int, tf.Variable]] = {}  # var.ref() -> its sum
         self.sum_variables: list[tf.Variable] = []
 
@@ -57,6 +62,7 @@ class GradientAccumulator(tf.Module, CopiedState):
                     total = state_variable(
                         lambda v=var: tf.zeros(v.shape, v.dtype),
                         var.device,
+                        hidden=self._hidden,
                         trainable=False,
                         name=f"{name}/sum",
                     )

@@ -41,9 +41,11 @@ class LossScale(tf.Module):
     def __init__(self, scale: float = 1.0, name: str = "loss_scale"):
         super().__init__(name=name)
         scale = check_number(scale, "scale", above=0.0, maximum=_LARGEST_FLOAT32)
+        self._hidden = not tf.inside_function()  # (made in a trace: see `state_variable`)
         zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
-        self.scale = state_variable(scale, "/cpu:0", trainable=False, name="scale")
-        self.skipped_steps = state_variable(zero, "/cpu:0", trainable=False, name="skipped_steps")
+        kept = dict(hidden=self._hidden, trainable=False)
+        self.scale = state_variable(scale, "/cpu:0", name="scale", **kept)
+        self.skipped_steps = state_variable(zero, "/cpu:0", name="skipped_steps", **kept)
 
     @library_code
     def update(self, finite: tf.Tensor) -> Any:
@@ -103,7 +105,8 @@ class DynamicLossScale(LossScale):
         self.backoff_factor = check_number(backoff_factor, "backoff_factor", above=0.0, below=1.0)
         self.min_scale = check_number(min_scale, "min_scale", above=0.0)
         zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
-        self.good_steps = state_variable(zero, "/cpu:0", trainable=False, name="good_steps")
+        kept = dict(hidden=self._hidden, trainable=False)
+        self.good_steps = state_variable(zero, "/cpu:0", name="good_steps", **kept)
 
     @library_code
     def update(self, finite: tf.Tensor) -> Any:

@@ -11,7 +11,7 @@ from towers.step._compiled import CompiledTower, check_jit_compile
 from towers.step._loss_scale import scale_value
 from towers.step._micro_batches import check_micro_batches, in_micro_batches
 from towers.step._tower_builder import resolve_strategy
-from towers.variables import VariableStrategy
+from towers.variables import ParameterServer, VariableStrategy
 from towers.workers import current_workers
 
 Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
@@ -47,9 +47,10 @@ def tower_gradients(
       merge: How to merge the parts' outputs, as `ops.merge_outputs`'s `mode`.
       jit_compile: Compile the forward and backward pass with XLA, one program on the
         tower's device (each micro-batch runs it in turn). With two towers of one worker,
-        one pass each and unsharded state, a float32 variable's gradient that is a
-        half-precision one cast (mixed precision) leaves the program in half precision and
-        is cast outside it, where the exchange can send it narrow. See docs/compiled.md.
+        one pass each, a static batch size and unsharded state, a float32 variable's
+        gradient that is a half-precision one cast (mixed precision) leaves the program in
+        half precision and is cast outside it, where the exchange can send it narrow. See
+        docs/compiled.md.
 
     Returns:
       `(loss, outputs, grads)`, outputs None when `loss_fn` returned only a loss, grads aligned
@@ -81,7 +82,7 @@ def tower_gradients(
             "tower_gradients(jit_compile=True) compiles a tower's pass on the tower's device: "
             "call it inside towers.replicate (or use train_step(..., jit_compile=True))."
         )
-    if not _sent_narrow(tower, strategy, micro_batches):
+    if not _sent_narrow(tower, strategy, micro_batches, shard):
         return _passes(CompiledTower(one_pass, tower), shard, micro_batches, merge)
     compiled = CompiledTower(_narrowed(one_pass), tower)
 
@@ -93,18 +94,33 @@ def tower_gradients(
     return _passes(compiled_pass, shard, micro_batches, merge)
 
 
-def _sent_narrow(tower: TowerContext, strategy: VariableStrategy, micro_batches: int) -> bool:
+def _sent_narrow(
+    tower: TowerContext, strategy: VariableStrategy, micro_batches: int, shard: Any
+) -> bool:
     """Whether the exchange may send this tower's exact half-precision gradients narrow.
 
     Two towers of one worker, one pass each (micro-batches add the passes' gradients in
-    float32 first), state not sharded (its reduce-scatter sends float32). Elsewhere the
-    program returns float32, as it would with no exchange at all: a cast outside it would be
-    one more kernel per gradient, for nothing.
+    float32 first), a batch size known when the step is built (the exchange sends narrow
+    only for equal weights it can see), no `wire_dtype`, state not sharded (its
+    reduce-scatter sends float32), and a parameter server's gradients packed in buckets.
+    Elsewhere the program returns float32, as it would with no exchange at all: a cast
+    outside it would be one more kernel per gradient, for nothing. (Unequal shards of a
+    static batch are seen only after the towers are built: those gradients leave the program
+    narrow and are cast back outside it. Sharded state with a gradient hook all-reduces every
+    gradient and could send them narrow; it gets float32.)
     """
+    leaves = tf.nest.flatten(shard)
+    sized = bool(leaves) and all(
+        getattr(t, "shape", None) is not None and t.shape.rank and t.shape[0] is not None
+        for t in leaves
+    )
     return (
         tower.num_towers == 2
         and current_workers().num_workers == 1
         and micro_batches == 1
+        and sized
+        and getattr(strategy, "wire_dtype", None) is None
+        and (not isinstance(strategy, ParameterServer) or strategy.bucket_bytes is not None)
         and not getattr(strategy, "shard_optimizer_state", False)
     )
 

@@ -246,22 +246,39 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         ("replicated", 2, dict(micro_batches=2)),
         ("replicated", 2, dict(shard_optimizer_state=True)),
         ("replicated", 2, dict(workers=2)),
+        ("replicated", 2, dict(dynamic=True)),
+        ("replicated", 2, dict(wire_dtype=tf.bfloat16)),
+        ("ps", 2, dict(bucket_bytes=None)),
     )
     def test_towers_whose_exchange_sends_nothing_narrow_return_float32(self, strategy, k, options):
-        """Three towers, micro-batches, sharded state, two devices of each of two workers:
-        their exchanges send float32, so each tower's program returns float32 gradients, as
-        before (no cast outside it). Fails if every two-tower program returns bfloat16.
-        (Traced only; the workers as the towers see them, the exchange of one.)"""
+        """Three towers, micro-batches, sharded state, two devices of each of two workers, a
+        batch size known only when the step runs, a `wire_dtype`, a parameter server that
+        sends each gradient alone: their exchanges send float32, so each tower's program
+        returns float32 gradients, as before (no cast outside it). Fails if every two-tower
+        program returns bfloat16. (Traced only; the workers as the towers see them, the
+        exchange of one.)"""
         devices = test_util.devices(k)
+        options = dict(options)
         sharded = options.pop("shard_optimizer_state", False)
+        wire_dtype = options.pop("wire_dtype", None)
+        if "bucket_bytes" in options:
+            options["variable_strategy"] = towers.ParameterServer(
+                bucket_bytes=options.pop("bucket_bytes")
+            )
+        dynamic = options.pop("dynamic", False)
         workers = towers.WorkerInfo(num_workers=options.pop("workers", 1))
         self.enter_context(mock.patch.object(_tower_gradients, "current_workers", lambda: workers))
         if strategy == "replicated":
-            model = towers.Replicated(_Mixed, devices, shard_optimizer_state=sharded)
+            model = towers.Replicated(
+                _Mixed, devices, shard_optimizer_state=sharded, wire_dtype=wire_dtype
+            )
             local = model.local
         else:
             model = _Mixed()
             local = lambda: model  # noqa: E731
+        batch = _mixed_batch(0)
+        if dynamic:
+            batch = tuple(tf.TensorSpec([None, *t.shape[1:]], tf.float32) for t in batch)
         graph = (
             tf.function(
                 lambda b: towers.train_step(
@@ -274,7 +291,7 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
                     **options,
                 )  # fmt: skip
             )
-            .get_concrete_function(_mixed_batch(0))
+            .get_concrete_function(batch)
             .graph
         )
         programs = _calls(graph)  # (each micro-batch calls its tower's program)

@@ -74,6 +74,31 @@ class StateVariableTest(tf.test.TestCase):
         for got, expected in zip(models[1].trainable_variables, want):
             test_util.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
+    def test_state_of_an_owner_made_inside_the_function_is_not_lost_on_a_retrace(self):
+        """An optimizer, an accumulator or a loss scale made inside the step: a new one each
+        trace, whose state would restart silently (with hidden state, a retrace for a new
+        shape reset it). Their state stays known to the function, so TensorFlow refuses it
+        after the first trace, as before: the first call traces twice and fails."""
+        model = towers.Replicated(test_util.built_model, test_util.devices(2))
+        for make in (
+            lambda: dict(optimizer=towers.SGD(0.1, momentum=0.9)),
+            lambda: dict(optimizer=towers.SGD(0.1), accumulate=towers.GradientAccumulator(2)),
+            lambda: dict(optimizer=towers.SGD(0.1), loss_scale=towers.DynamicLossScale()),
+        ):
+
+            @tf.function
+            def step(batch, make=make):
+                options = make()
+                optimizer = options.pop("optimizer")
+                return towers.train_step(
+                    lambda b: test_util.loss_fn(model.local())(b), model, optimizer, batch,
+                    model.devices, **options,
+                )  # fmt: skip
+
+            with self.assertRaisesRegex(ValueError, "singleton tf.Variables"):
+                step(test_util.batch(8))
+                step(test_util.batch(6))  # (a new shape: another trace)
+
 
 if __name__ == "__main__":
     tf.test.main()
