@@ -14,8 +14,10 @@ nothing reads them.
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from towers.ops._all_reduce.gather_add import added
+from towers.ops._finite import laid_flags
 from towers.ops._packing import PackSpec, unpack
 from towers.ops._tensorflow import tf
 from towers.ops._weighted_mean import accumulation_dtype, weight_in
@@ -47,8 +49,8 @@ class PackedSum:
     dtypes: list[tf.DType]
     divided: bool = False
 
-    def gradients(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
-        """The gradients, built from `terms` (default this sum's own), in the device scope."""
+    def summed(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
+        """Each bucket summed from `terms` (default this sum's own), scaled and divided."""
         terms = self.terms if terms is None else terms
         buckets = [added([tf.cast(x, accumulation_dtype(x.dtype)) for x in t]) for t in terms]
         if self.factor is not None:
@@ -57,7 +59,32 @@ class PackedSum:
             last = len(self.spec.shapes) - 1
             total = next(b for b, m in zip(buckets, self.spec.buckets) if last in m)[-1]
             buckets = [b / tf.cast(total, b.dtype) for b in buckets]
-        return [tf.cast(g, d) for g, d in zip(unpack(buckets, self.spec), self.dtypes)]
+        return buckets
+
+    def gradients(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
+        """The gradients, built from `terms` (default this sum's own), in the device scope."""
+        return self.unpacked(self.summed(terms))
+
+    def unpacked(self, summed: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The gradients in the summed buckets `summed`, shaped and cast back."""
+        return [tf.cast(g, d) for g, d in zip(unpack(summed, self.spec), self.dtypes)]
+
+    def flags(self, summed: Sequence[tf.Tensor]) -> dict[int, tf.Tensor]:
+        """Whether each gradient is all finite, read in the summed buckets `summed`.
+
+        Only gradients whose dtype is their bucket's (the cast back changes nothing): a
+        narrower one may overflow in its cast, so it is left out, for a check of its own.
+
+        Returns:
+          Gradient index -> its flag (a boolean scalar).
+        """
+        sizes = [[self.spec.shapes[i].num_elements() for i in m] for m in self.spec.buckets]
+        found = {}
+        for members, bucket, flags in zip(self.spec.buckets, summed, laid_flags(summed, sizes)):
+            for j, i in enumerate(members):
+                if i < len(self.dtypes) and self.dtypes[i] == bucket.dtype:
+                    found[i] = flags[j]
+        return found
 
 
 def packed_gradients(packed: PackedSum, count: int) -> list[tf.Tensor]:
@@ -80,13 +107,16 @@ def packed_origin(tensor: object) -> tuple[PackedSum, int] | None:
     return getattr(tensor.graph, _NOTES, {}).get(tensor.name)
 
 
-def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[[list, list], list]]:
+def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[..., Any]]:
     """`grads` as a compiled program's arguments: `PackedSum`s' gradients by their terms.
 
     Returns:
       `(given, terms, rebuilt)`: `grads` with None where a gradient is a `PackedSum`'s, the
       terms of each such sum, and a function that, inside the program, builds the gradient
       list again from those two (each sum's gradients built from its terms there).
+      `rebuilt(given, terms, checked=True)` returns `(grads, known)`, `known` the
+      all-finite flags of the sums' gradients read in their buckets (`laid_flags`), by
+      position in `grads`; a gradient not in it is for the caller to check.
     """
     sums: dict[int, PackedSum] = {}
     where, given = [], list(grads)
@@ -99,11 +129,16 @@ def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[[lis
             given[position] = None
     order = list(sums)
 
-    def rebuilt(given: list, terms: list) -> list:
-        built = {key: sums[key].gradients(t) for key, t in zip(order, terms)}
+    def rebuilt(given: list, terms: list, checked: bool = False) -> Any:
+        summed = {key: sums[key].summed(t) for key, t in zip(order, terms)}
+        built = {key: sums[key].unpacked(summed[key]) for key in order}
         out = list(given)
         for position, key, index in where:
             out[position] = built[key][index]
-        return out
+        if not checked:
+            return out
+        flags = {key: sums[key].flags(summed[key]) for key in order}
+        known = {p: flags[key][i] for p, key, i in where if i in flags[key]}
+        return out, known
 
     return given, [sums[key].terms for key in order], rebuilt

@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--timed", type=int, default=10)
+    parser.add_argument("--plain", action="store_true", help="the uncompiled rows")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/trace_out"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -53,7 +54,12 @@ def main() -> None:
         data = tuple(tf.constant(t) for t in batch)
     strategy = mirrored_strategy(devices)
     rows = model_rows(
-        make_model, mean_loss, devices, strategy, repeated_dataset(batch), jit_compile=True
+        make_model,
+        mean_loss,
+        devices,
+        strategy,
+        repeated_dataset(batch),
+        jit_compile=not args.plain,
     )
     chosen = {label: row for label, row in rows.items() if re.search(args.configs, label)}
     built = {}

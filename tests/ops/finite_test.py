@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from towers.ops._finite import BLOCK, CHUNK
+from towers.ops._finite import BLOCK, CHUNK, laid_flags
 from towers.ops.internal import finite_flags
 
 
@@ -70,6 +70,52 @@ class FiniteFlagsTest(parameterized.TestCase, tf.test.TestCase):
     def test_no_tensors_and_only_empty_ones(self):
         self.assertAllEqual(finite_flags([]).shape, [0])
         self.assertAllEqual(_compiled([tf.zeros([0, 4]), tf.zeros([3, 0])]), [True, True])
+
+
+# Sizes of tensors laid in one bucket: inside a block, filling blocks, sharing them, empty.
+LAID = [[3, 5], [BLOCK], [BLOCK, BLOCK], [BLOCK - 1, 2, 3 * BLOCK + 1], [0, BLOCK + 5, 0, 7], [1]]
+
+
+def _reference(flat: np.ndarray, sizes: list[int]) -> list[bool]:
+    ends = np.cumsum([0, *sizes])
+    return [bool(np.isfinite(flat[a:b]).all()) for a, b in zip(ends[:-1], ends[1:])]
+
+
+class LaidFlagsTest(parameterized.TestCase, tf.test.TestCase):
+    @parameterized.parameters(*LAID)
+    def test_a_bad_value_flags_its_tensor_alone(self, *sizes):
+        """A NaN or Inf anywhere (inside a tensor's whole blocks, in a block two tensors
+        share, in the bucket's last part block) flags its tensor only, beside a second
+        bucket of another dtype that stays finite."""
+        rng = np.random.default_rng(len(sizes))
+        length = sum(sizes)
+        other = rng.normal(size=9).astype(np.float64)
+        compiled = tf.function(laid_flags, jit_compile=True, autograph=False)
+        places = {0, length - 1, length // 2, BLOCK - 1, BLOCK, 2 * BLOCK + 1, 3 * BLOCK}
+        for place in sorted(p for p in places if p < length):
+            for bad in (np.nan, -np.inf):
+                flat = rng.normal(size=length).astype(np.float32)
+                flat[place] = bad
+                want = [_reference(flat, list(sizes)), [True, True]]
+                for check in (laid_flags, compiled):
+                    got = check([tf.constant(flat), tf.constant(other)], [list(sizes), [4, 5]])
+                    self.assertEqual([list(g.numpy()) for g in got], want, msg=f"at {place}")
+
+    def test_few_reductions_and_each_bucket_read_in_place(self):
+        """One reduction per bucket over its own rows, then one
+        for the blocks inside a tensor and one for the shared ones."""
+        buckets = [tf.ones([n * BLOCK + 3]) for n in (1, 2, 3)]
+        sizes = [[BLOCK - 5, 8], [BLOCK, BLOCK + 3], [2, 3 * BLOCK + 1]]
+        program = tf.function(laid_flags, jit_compile=True, autograph=False)
+        hlo = program.experimental_get_compiler_ir(buckets, sizes)(stage="hlo")
+        self.assertEqual(hlo.count(" reduce("), len(buckets) + 2)
+        for flags in program(buckets, sizes):
+            self.assertAllEqual(flags, [True, True])
+
+    def test_sizes_must_fill_the_bucket(self):
+        with self.assertRaisesRegex(ValueError, "add up"):
+            laid_flags([tf.ones([10])], [[3, 4]])
+        self.assertEqual([f.shape for f in laid_flags([tf.ones([0])], [[]])], [[0]])
 
 
 if __name__ == "__main__":

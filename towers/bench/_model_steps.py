@@ -250,10 +250,10 @@ def model_rows(
         rows["towers replicated (tensor)"] = functools.partial(towers_step, devices=devices)
         if strategy is not None:
             rows["mirrored (tensor)"] = functools.partial(mirrored, strategy=strategy)
-    else:
-        rows["towers replicated xla, no guard"] = functools.partial(
-            towers_step, devices=devices, dataset=dataset, nonfinite=None
-        )
+    rows[f"towers replicated{xla}, no guard"] = functools.partial(
+        towers_step, devices=devices, dataset=dataset, nonfinite=None
+    )
+    if jit_compile:
         rows["towers replicated xla, skip"] = functools.partial(
             towers_step, devices=devices, dataset=dataset, nonfinite="skip"
         )

@@ -120,17 +120,25 @@ def compiled_update(
     their buckets' terms) and builds them with `rebuilt`: the sums, the mean's weight and
     the unpacking fuse into the update's reads. With `judged`, the program decides the
     verdict first (every gradient as it is applied, dense, and the rate when given) and
-    returns `(done, finite, flags)`.
+    returns `(done, finite, flags)`: all-reduced gradients are checked in their summed
+    buckets (`packed_arguments`), where they lie, the others one by one.
     """
 
     def update(given: list, terms: list, lr: Any, done: tf.Tensor, finite: Any) -> Any:
-        grads = rebuilt(given, terms)
-        if judged:
+        if not judged:
+            grads = rebuilt(given, terms)
+        else:
+            grads, known = rebuilt(given, terms, checked=True)  # sums read in their buckets
             dense = [
                 densified(g, var) if isinstance(g, tf.IndexedSlices) else g
                 for g, (_, var, _) in zip(grads, items)
             ]
-            flags = finite_flags(dense)
+            rest = [i for i in range(len(dense)) if i not in known]
+            others = (
+                dict(zip(rest, tf.unstack(finite_flags([dense[i] for i in rest])))) if rest else {}
+            )
+            flags = [known[i] if i in known else others[i] for i in range(len(dense))]
+            flags = tf.stack(flags) if flags else tf.zeros([0], tf.bool)
             if lr is not None:
                 flags = tf.concat([flags, tf.reshape(tf.math.is_finite(lr), [1])], 0)
             finite, grads = tf.reduce_all(flags), dense

@@ -12,6 +12,7 @@ from absl.testing import parameterized
 import towers
 from tests import test_util
 from tests.towers.step import nonfinite_test
+from towers.ops._finite import BLOCK
 
 
 def _spec(device):
@@ -79,7 +80,56 @@ def _step(devices, optimizer, poison=None, shard_optimizer_state=False, **option
     return model, step
 
 
+class _Laid(tf.Module):
+    """Three variables that lie in one bucket (a, b, w by name): 37, 5 and 6400 values,
+    so that w fills two whole blocks of the bucket and shares its first and last."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = tf.Variable(tf.ones([37]))
+        self.b = tf.Variable(tf.ones([5]))
+        self.w = tf.Variable(tf.ones([64, 100]))
+
+
 class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
+    def test_a_value_in_a_bucket_names_its_variable_alone(self):
+        """Compiled copies check the all-reduced gradients where they lie in their summed
+        buckets: a NaN in a block inside one variable, in a block two share, or in the
+        bucket's last part block names that variable and no other, and changes nothing."""
+        self.assertGreater(6400, 3 * BLOCK)
+        devices = test_util.devices(2)
+        model = towers.Replicated(_Laid, devices)
+        masks = {name: tf.Variable(tf.zeros(shape)) for name, shape in (("a", [37]), ("b", [5]))}
+        masks["w"] = tf.Variable(tf.zeros([64, 100]))
+
+        def loss_fn(batch):
+            local = model.local()
+            terms = [tf.reduce_sum(getattr(local, name) * mask) for name, mask in masks.items()]
+            return tf.add_n(terms) + tf.reduce_sum(local.w) * tf.reduce_mean(batch)
+
+        optimizer = towers.SGD(0.1)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(loss_fn, model, optimizer, batch, devices, jit_compile=True)
+
+        step(tf.ones([4, 2]))
+        before = [v.numpy() for replica in model.replicas for v in replica.variables]
+        for name, index in (("w", 3000), ("w", 0), ("w", 6399), ("a", 36), ("b", 0), ("b", 4)):
+            mask = masks[name]
+            spoiled = np.zeros(mask.shape, np.float32).reshape(-1)
+            spoiled[index] = np.nan
+            mask.assign(spoiled.reshape(mask.shape))
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, rf", for\] \[{name}\] "):
+                step(tf.ones([4, 2]))
+            mask.assign(tf.zeros(mask.shape))
+            after = [v.numpy() for replica in model.replicas for v in replica.variables]
+            for got, want in zip(after, before):
+                self.assertAllEqual(got, want)
+        step(tf.ones([4, 2]))
+        self.assertNotAllClose(model.replicas[0].w, before[2])
+        towers.check_replicas_identical(model)
+
     @parameterized.product(nonfinite=["skip", "raise"], jit_compile=[False, True])
     def test_each_replica_judges_its_own_gradients(self, nonfinite, jit_compile):
         """Every write of a Replicated step waits only for checks on its own device."""
