@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from towers.ops._all_reduce.gather_add import added
-from towers.ops._finite import laid_flags
+from towers.ops._finite import LAID_LIMIT, laid_flags, laid_pairs
 from towers.ops._packing import PackSpec, unpack
 from towers.ops._tensorflow import tf
 from towers.ops._weighted_mean import accumulation_dtype, weight_in
@@ -73,12 +73,15 @@ class PackedSum:
         """Whether each gradient is all finite, read in the summed buckets `summed`.
 
         Only gradients whose dtype is their bucket's (the cast back changes nothing): a
-        narrower one may overflow in its cast, so it is left out, for a check of its own.
+        narrower one may overflow in its cast, so it is left out, for a check of its own;
+        and none where the buckets hold too many small gradients (`laid_pairs`).
 
         Returns:
           Gradient index -> its flag (a boolean scalar).
         """
         sizes = [[self.spec.shapes[i].num_elements() for i in m] for m in self.spec.buckets]
+        if laid_pairs(sizes) > LAID_LIMIT:  # many small gradients: checked one by one
+            return {}
         found = {}
         for members, bucket, flags in zip(self.spec.buckets, summed, laid_flags(summed, sizes)):
             for j, i in enumerate(members):

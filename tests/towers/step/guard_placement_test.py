@@ -5,6 +5,8 @@ flags, so each device's update waited for the others' checks (a transfer between
 each step: the guard cost 8% of an H200 GPT step at K=2, 1.9% once each copy judged its own).
 """
 
+from unittest import mock
+
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
@@ -12,6 +14,7 @@ from absl.testing import parameterized
 import towers
 from tests import test_util
 from tests.towers.step import nonfinite_test
+from towers.ops import _packed_sum as packed_sum
 from towers.ops._finite import BLOCK
 
 
@@ -92,11 +95,14 @@ class _Laid(tf.Module):
 
 
 class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
-    def test_a_value_in_a_bucket_names_its_variable_alone(self):
+    @parameterized.parameters(packed_sum.LAID_LIMIT, 0)
+    def test_a_value_in_a_bucket_names_its_variable_alone(self, limit):
         """Compiled copies check the all-reduced gradients where they lie in their summed
         buckets: a NaN in a block inside one variable, in a block two share, or in the
-        bucket's last part block names that variable and no other, and changes nothing."""
+        bucket's last part block names that variable and no other, and changes nothing.
+        The same one by one, where the buckets hold too many small gradients (limit 0)."""
         self.assertGreater(6400, 3 * BLOCK)
+        self.enter_context(mock.patch.object(packed_sum, "LAID_LIMIT", limit))
         devices = test_util.devices(2)
         model = towers.Replicated(_Laid, devices)
         masks = {name: tf.Variable(tf.zeros(shape)) for name, shape in (("a", [37]), ("b", [5]))}
