@@ -28,7 +28,7 @@ run() {  # name, seconds, flags...
 k1='^(one device xla|mirrored xla|mirrored xla, whole replica|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, skip|towers replicated xla, no guard|towers replicated xla, update uncompiled)$'
 k2='^(mirrored xla|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, skip|towers replicated xla, no guard|towers replicated xla, update uncompiled|towers replicated xla, sparse gather|towers replicated xla, ring, 64 MiB buckets)$'
 ours='towers replicated xla|towers replicated xla, no guard|towers replicated xla, update uncompiled'
-plain='^(one device|mirrored|towers replicated)$'
+plain='^(one device|mirrored|towers replicated|towers replicated, no guard)$'
 # Seen at e127387: a GPT configuration compiles in 15-55 s, a ResNet-50 one in 45-60 s.
 # ResNet-50 runs the targets' rows (no whole-replica Mirrored, no hand-written loop).
 run gpt_k1 280 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=xla --configs="$k1"

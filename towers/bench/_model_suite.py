@@ -210,6 +210,8 @@ TARGETS = (
     ("the guard's cost (XLA)", _OURS_XLA, "towers replicated xla, no guard", 1.02, "all"),
     ("the update compiled (XLA)", _OURS_XLA, "towers replicated xla, update uncompiled", None,
      "all"),
+    ("the guard's cost (no XLA)", ("towers replicated",), "towers replicated, no guard", 1.02,
+     "all"),
     ("no XLA vs MirroredStrategy", _OURS, "mirrored", 1.00, "all"),
     ("no XLA vs one device", _OURS, "one device", 1.02, "all"),
 )  # fmt: skip
