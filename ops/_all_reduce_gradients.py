@@ -239,8 +239,7 @@ def _reduce_dense(
     k = len(devices)
     equal = equal_weights(weights) and wire_dtype is None
     if equal and k == 2 and algorithm.group_size(k) == k:  # see `_summable`
-        narrow = narrow_columns(columns)
-        columns = [c if n is None else n for c, n in zip(columns, narrow)]
+        columns = narrow_columns(columns)
     per_tower = [[column[i] for column in columns] for i in range(k)]
     if carry:
         for tensors, device in zip(per_tower, devices):

@@ -32,11 +32,11 @@ def narrow_form(tensor: object) -> tf.Tensor | None:
     return op.inputs[0] if op.inputs[0].dtype in HALF else None
 
 
-def narrow_columns(columns: list[list[tf.Tensor]]) -> list[list[tf.Tensor] | None]:
-    """For each column of K tensors, their narrow forms when all K have one of one dtype."""
+def narrow_columns(columns: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
+    """Columns of K tensors, each as its narrow forms when all K have one of one dtype."""
     out = []
     for column in columns:
         forms = [narrow_form(t) for t in column]
         same = all(f is not None for f in forms) and len({f.dtype for f in forms}) == 1
-        out.append(forms if same else None)
+        out.append(forms if same else list(column))
     return out

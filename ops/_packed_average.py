@@ -33,12 +33,9 @@ def packed_mean(
       N averaged gradients, built on `device`, in the gradients' dtypes.
     """
     dtypes = [g.dtype for g in per_tower[0]]
-    columns = [list(column) for column in zip(*per_tower)]  # (two: one addition each)
-    narrow = narrow_columns(columns) if len(per_tower) == 2 else [None] * len(columns)
-    per_tower = [  # exact float32 gradients of half-precision ones cross narrow
-        [g if forms is None else forms[i] for g, forms in zip(grads, narrow)]
-        for i, grads in enumerate(per_tower)
-    ]
+    if len(per_tower) == 2:  # exact float32 gradients of half-precision ones cross narrow
+        columns = narrow_columns([list(column) for column in zip(*per_tower)])
+        per_tower = [[column[i] for column in columns] for i in range(2)]
     sent = [g.dtype for g in per_tower[0]]
     spec = pack_spec(per_tower[0], bucket_bytes)
     # A gradient alone in its bucket crosses as it is: packing it would add two reshapes.

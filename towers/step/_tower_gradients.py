@@ -11,7 +11,7 @@ from towers.step._compiled import CompiledTower, check_jit_compile
 from towers.step._loss_scale import scale_value
 from towers.step._micro_batches import check_micro_batches, in_micro_batches
 from towers.step._tower_builder import resolve_strategy
-from towers.variables import ParameterServer, VariableStrategy
+from towers.variables import VariableStrategy
 from towers.workers import current_workers
 
 Variables = Sequence[tf.Variable] | tf.Module | VariableStrategy
@@ -99,15 +99,16 @@ def _sent_narrow(
 ) -> bool:
     """Whether the exchange may send this tower's exact half-precision gradients narrow.
 
-    Two towers of one worker, one pass each (micro-batches add the passes' gradients in
-    float32 first), a batch size known when the step is built (the exchange sends narrow
-    only for equal weights it can see), no `wire_dtype`, state not sharded (its
-    reduce-scatter sends float32), and a parameter server's gradients packed in buckets.
-    Elsewhere the program returns float32, as it would with no exchange at all: a cast
-    outside it would be one more kernel per gradient, for nothing. (Unequal shards of a
-    static batch are seen only after the towers are built: those gradients leave the program
-    narrow and are cast back outside it. Sharded state with a gradient hook all-reduces every
-    gradient and could send them narrow; it gets float32.)
+    A strategy that says so (`VariableStrategy.sends_narrow`: two towers, and for
+    `Replicated` no `wire_dtype` and state not sharded, for a parameter server gradients
+    packed in buckets), one worker, one pass each (micro-batches add the passes' gradients
+    in float32 first), and a batch size known when the step is built (the exchange sends
+    narrow only for equal weights it can see). Elsewhere the program returns float32, as
+    it would with no exchange at all: a cast outside it would be one more kernel per
+    gradient, for nothing. (Unequal shards of a static batch are seen only after the towers
+    are built: those gradients leave the program narrow and are cast back outside it.
+    Sharded state with a gradient hook all-reduces every gradient and could send them
+    narrow; it gets float32.)
     """
     leaves = tf.nest.flatten(shard)
     sized = bool(leaves) and all(
@@ -115,13 +116,10 @@ def _sent_narrow(
         for t in leaves
     )
     return (
-        tower.num_towers == 2
+        strategy.sends_narrow(tower.num_towers)
         and current_workers().num_workers == 1
         and micro_batches == 1
         and sized
-        and getattr(strategy, "wire_dtype", None) is None
-        and (not isinstance(strategy, ParameterServer) or strategy.bucket_bytes is not None)
-        and not getattr(strategy, "shard_optimizer_state", False)
     )
 
 

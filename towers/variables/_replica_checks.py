@@ -123,3 +123,33 @@ def copy_first(groups: list[tuple], algorithm: Any, devices: list[str]) -> tf.Op
         return broadcast_from_chief(algorithm, devices, groups)
     assigned = [copy.assign(copies[0]) for copies in groups for copy in copies[1:]]
     return None if tf.compat.v1.executing_eagerly_outside_functions() else tf.group(assigned)
+
+
+def replica_index(tower: TowerContext | None, replicas: int) -> int:
+    """The replica `tower` reads (the first outside towers).
+
+    Raises:
+      ValueError: if the towers are not as many as the replicas.
+    """
+    if tower is None:
+        return 0
+    if tower.num_towers != replicas:
+        raise ValueError(
+            f"{replicas} replicas cannot serve {tower.num_towers} towers; build the towers on "
+            "the devices of the Replicated."
+        )
+    return tower.index
+
+
+def check_own_model(strategy: Any, model: Any) -> None:
+    """Checks that a strategy holding its own copies was passed as the model itself.
+
+    Raises:
+      ValueError: if `model` is another object.
+    """
+    if model is not strategy:
+        raise ValueError(
+            "A Replicated holds its own copies of the model; pass it as the model, e.g. "
+            "towers.train_step(loss_fn, replicas, optimizer, batch, devices), not as "
+            f"variable_strategy= beside another model ({type(model).__name__})."
+        )

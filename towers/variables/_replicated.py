@@ -17,7 +17,13 @@ from towers.ops.internal import (
     sparse_mode,
 )
 from towers.variables._names import Copies, names_of
-from towers.variables._replica_checks import check_same_structure, copy_first, tower_scope
+from towers.variables._replica_checks import (
+    check_own_model,
+    check_same_structure,
+    copy_first,
+    replica_index,
+    tower_scope,
+)
 from towers.variables._sharded import ShardedState
 from towers.variables._shared_init import built_replicas
 from towers.variables._strategy import ReducedGradients, VariableStrategy, trainable_list
@@ -227,6 +233,10 @@ class Replicated(VariableStrategy):
         del tower
         return True
 
+    def sends_narrow(self, num_towers: int) -> bool:
+        """Two towers, no `wire_dtype`, state not sharded (its reduce-scatter sends float32)."""
+        return num_towers == 2 and self.wire_dtype is None and not self.shard_optimizer_state
+
     @library_code
     def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
         """The trainable variables of `tower`'s own replica (the first outside towers).
@@ -280,19 +290,7 @@ class Replicated(VariableStrategy):
         ]
 
     def _index(self, tower: TowerContext | None) -> int:
-        if tower is None:
-            return 0
-        if tower.num_towers != len(self.replicas):
-            raise ValueError(
-                f"{len(self.replicas)} replicas cannot serve {tower.num_towers} towers; build "
-                "the towers on the devices of the Replicated."
-            )
-        return tower.index
+        return replica_index(tower, len(self.replicas))
 
     def _check_model(self, model: Any) -> None:
-        if model is not self:
-            raise ValueError(
-                "A Replicated holds its own copies of the model; pass it as the model, e.g. "
-                "towers.train_step(loss_fn, replicas, optimizer, batch, devices), not as "
-                f"variable_strategy= beside another model ({type(model).__name__})."
-            )
+        check_own_model(self, model)

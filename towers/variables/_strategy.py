@@ -45,8 +45,8 @@ class ReducedGradients:
 class VariableStrategy(abc.ABC):
     """Where the variables of towers live, and how tower gradients become updates.
 
-    The protocol, four methods (and two with defaults, `state_copies` and `after_update`,
-    for a strategy that shards optimizer state):
+    The protocol, four methods (and three with defaults: `state_copies` and `after_update`,
+    for a strategy that shards optimizer state, and `sends_narrow`):
 
     1. `scope(tower)`: the context each tower is built in; it places the variables tower code
        creates (or refuses them), and may check the tower against the strategy's devices.
@@ -138,6 +138,23 @@ class VariableStrategy(abc.ABC):
           Whether to build the update in this tower.
         """
         return tower.is_chief
+
+    def sends_narrow(self, num_towers: int) -> bool:
+        """Whether `reduce_gradients` sends exact half-precision gradients in half precision.
+
+        Under mixed precision a float32 weight's gradient is often a half-precision one
+        widened; the reductions of `towers.ops` send such gradients narrow between two
+        towers (`towers.ops._exact_widening`). Where this says so, compiled towers return
+        them narrow; elsewhere float32, as a narrow gradient cast back outside a tower's
+        program would cost a kernel per gradient and save nothing. The default: two towers.
+
+        Args:
+          num_towers: The towers of one pass of the step, on one worker.
+
+        Returns:
+          Whether the exchange of those towers' gradients can send them narrow.
+        """
+        return num_towers == 2
 
     def state_copies(self, model: Any) -> dict[str, tuple[tf.Variable | None, ...]]:
         """Which copies of each variable keep optimizer (and accumulator) state.

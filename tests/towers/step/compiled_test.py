@@ -76,6 +76,14 @@ def _step(model, local, devices, accumulate=None):
     return step
 
 
+class _Wide(towers.ParameterServer):
+    """A strategy that sends every gradient in float32 and says so."""
+
+    def sends_narrow(self, num_towers: int) -> bool:
+        del num_towers
+        return False
+
+
 class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
     _by_hand = {}  # examples: the hand-written run, shared by the tests and strategies
 
@@ -249,11 +257,13 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         ("replicated", 2, dict(dynamic=True)),
         ("replicated", 2, dict(wire_dtype=tf.bfloat16)),
         ("ps", 2, dict(bucket_bytes=None)),
+        ("ps", 2, dict(says_wide=True)),
     )
     def test_towers_whose_exchange_sends_nothing_narrow_return_float32(self, strategy, k, options):
         """Three towers, micro-batches, sharded state, two devices of each of two workers, a
         batch size known only when the step runs, a `wire_dtype`, a parameter server that
-        sends each gradient alone: their exchanges send float32, so each tower's program
+        sends each gradient alone, a strategy whose `sends_narrow` says no: their exchanges
+        send float32, so each tower's program
         returns float32 gradients, as before (no cast outside it). Fails if every two-tower
         program returns bfloat16. (Traced only; the workers as the towers see them, the
         exchange of one.)"""
@@ -265,6 +275,8 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             options["variable_strategy"] = towers.ParameterServer(
                 bucket_bytes=options.pop("bucket_bytes")
             )
+        if options.pop("says_wide", False):
+            options["variable_strategy"] = _Wide()
         dynamic = options.pop("dynamic", False)
         workers = towers.WorkerInfo(num_workers=options.pop("workers", 1))
         self.enter_context(mock.patch.object(_tower_gradients, "current_workers", lambda: workers))
