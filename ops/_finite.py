@@ -92,18 +92,18 @@ LAID_LIMIT = 2**27  # the most (value or block) x tensor pairs `laid_flags` comp
 def laid_pairs(sizes: Sequence[Sequence[int]]) -> int:
     """How many (value or block, tensor) pairs `laid_flags` compares for buckets of `sizes`.
 
-    Each value of a shared block, and each whole block, is compared with every tensor's
-    range: cheap for a few large tensors (a GPT's 80 gradients: about 10 M pairs, a
-    ResNet-50's 161 about 21 M, in two fused reductions), quadratic in the tensors for many
-    small ones. Above `LAID_LIMIT`, check the tensors one by one (`finite_flags`) instead.
+    Each bucket's whole blocks, and each value of its shared blocks, are compared with the
+    range of every tensor of that bucket, every bucket padded to the largest counts: cheap
+    for buckets of a few large tensors (a GPT's gradients in 64 MiB buckets: about 10 M
+    pairs, a ResNet-50's about 20 M, in two fused reductions), quadratic in the tensors of
+    a bucket of many small ones. Above `LAID_LIMIT`, check them one by one (`finite_flags`).
     """
-    tensors = sum(len(counts) for counts in sizes)
-    blocks = shared = 0
-    for counts in sizes:
-        _, inside = _block_holders(counts)
-        blocks += int(np.sum(counts)) // BLOCK
-        shared += int((~inside).sum())
-    return (blocks + shared * BLOCK) * tensors
+    if not sizes:
+        return 0
+    whole = max(int(np.sum(counts)) // BLOCK for counts in sizes)
+    shared = max(int((~_block_holders(counts)[1]).sum()) for counts in sizes)
+    tensors = max(len(counts) for counts in sizes)
+    return len(sizes) * (whole + shared * BLOCK) * tensors
 
 
 def _block_holders(counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -143,50 +143,62 @@ def laid_flags(buckets: Sequence[tf.Tensor], sizes: Sequence[Sequence[int]]) -> 
     Its work grows with the tensors times the values of shared blocks (`laid_pairs`).
     """
     ok, owners, edges, bases, ranges = [], [], [], [], []
-    offset = 0  # where each bucket's blocks begin, in one numbering for every bucket
     for flat, counts in zip(buckets, sizes):
-        length, ends = int(flat.shape[0]), np.cumsum([0, *counts])
+        length, ends = int(flat.shape[0]), np.cumsum([0, *counts], dtype=np.int64)
         if ends[-1] != length:
             raise ValueError(f"Sizes {list(counts)} do not add up to the bucket's {length}.")
-        member = len(ranges)
-        ranges += [(offset + a, offset + b) for a, b in zip(ends[:-1], ends[1:])]
+        ranges.append(ends)
         whole = length // BLOCK
         holder, inside = _block_holders(counts)
-        owner = np.where(inside, member + holder, -1)[:whole].astype(np.int32)
-        shared = np.flatnonzero(~inside).tolist()  # the blocks not inside one tensor
+        owners.append(np.where(inside, holder, -1)[:whole])
+        shared = np.flatnonzero(~inside)  # the blocks not inside one tensor
+        bases.append(shared * BLOCK)
+        ok.append(None)
+        rows = []
         if whole:
-            rows = tf.reshape(flat[: whole * BLOCK], [whole, BLOCK])
-            ok.append(tf.reduce_all(tf.math.is_finite(rows), axis=1))
-            owners.append(owner)
-        parts = [k for k in shared if k < whole]
-        if parts:
-            edges.append(tf.math.is_finite(tf.gather(rows, parts)))
+            blocks = tf.reshape(flat[: whole * BLOCK], [whole, BLOCK])
+            ok[-1] = tf.reduce_all(tf.math.is_finite(blocks), axis=1)
+            if shared.size and shared[0] < whole:
+                rows.append(tf.gather(blocks, shared[shared < whole]))
         if length % BLOCK:  # the last part block, zeros after it
             tail = flat[whole * BLOCK :]
             padded = tf.concat([tail, tf.zeros([BLOCK - length % BLOCK], flat.dtype)], 0)
-            edges.append(tf.math.is_finite(tf.reshape(padded, [1, BLOCK])))
-        bases += [offset + k * BLOCK for k in shared]
-        offset += -(-length // BLOCK) * BLOCK
-    if not ranges:
+            rows.append(tf.reshape(padded, [1, BLOCK]))
+        edges.append([tf.math.is_finite(r) for r in rows])
+    tensors = max((len(counts) for counts in sizes), default=0)
+    if not tensors:
         return [tf.zeros([0], tf.bool) for _ in buckets]
-    first = tf.constant([a for a, _ in ranges], tf.int64)
-    last = tf.constant([b for _, b in ranges], tf.int64)
-    bad = tf.zeros([len(ranges)], tf.bool)
-    if ok:  # a whole block inside a tensor that holds a NaN or Inf
-        owner = tf.constant(np.concatenate(owners))[:, None]
-        blocks = tf.logical_not(tf.concat(ok, 0) if len(ok) > 1 else ok[0])[:, None]
-        mine = tf.equal(owner, tf.range(len(ranges), dtype=tf.int32)[None, :])
-        bad = tf.reduce_any(tf.logical_and(blocks, mine), axis=0)
-    if edges:  # a value of the tensor in a shared block
-        values = tf.logical_not(tf.concat(edges, 0) if len(edges) > 1 else edges[0])
-        at = tf.constant(bases, tf.int64)[:, None] + tf.range(BLOCK, dtype=tf.int64)[None, :]
-        at = tf.reshape(at, [-1, 1])
-        mine = tf.logical_and(at >= first[None, :], at < last[None, :])
-        hit = tf.logical_and(tf.reshape(values, [-1, 1]), mine)
-        bad = tf.logical_or(bad, tf.reduce_any(hit, axis=0))
+    # Every bucket padded to the largest counts (blocks, shared blocks, tensors), so that
+    # each comparison is with its own bucket's tensors: one fused reduction for all.
+    bad = tf.zeros([len(buckets), tensors], tf.bool)
+    whole = max(len(owner) for owner in owners)
+    if whole:  # a whole block inside a tensor that holds a NaN or Inf
+        owner = np.full([len(buckets), whole], -1, np.int32)
+        finite = []
+        for i, (block_ok, block_owner) in enumerate(zip(ok, owners)):
+            owner[i, : len(block_owner)] = block_owner
+            pad = tf.ones([whole - len(block_owner)], tf.bool)
+            finite.append(pad if block_ok is None else tf.concat([block_ok, pad], 0))
+        spoiled = tf.logical_not(tf.stack(finite))[:, :, None]
+        mine = tf.equal(tf.constant(owner)[:, :, None], tf.range(tensors)[None, None, :])
+        bad = tf.reduce_any(tf.logical_and(spoiled, mine), axis=1)
+    shared = max(len(b) for b in bases)
+    if shared:  # a value of the tensor in a shared block
+        first = np.zeros([len(buckets), tensors], np.int64)  # (padding: owns nothing)
+        last = np.zeros([len(buckets), tensors], np.int64)
+        at = np.zeros([len(buckets), shared], np.int64)
+        finite = []
+        for i, (ends, base, rows) in enumerate(zip(ranges, bases, edges)):
+            first[i, : len(ends) - 1], last[i, : len(ends) - 1] = ends[:-1], ends[1:]
+            at[i, : len(base)] = base
+            rows = rows + [tf.ones([shared - len(base), BLOCK], tf.bool)]
+            finite.append(tf.concat(rows, 0))
+        values = tf.logical_not(tf.stack(finite))[:, :, :, None]
+        where = tf.constant(at)[:, :, None, None] + tf.range(BLOCK, dtype=tf.int64)[:, None]
+        mine = tf.logical_and(
+            where >= tf.constant(first)[:, None, None, :],
+            where < tf.constant(last)[:, None, None, :],
+        )
+        bad = tf.logical_or(bad, tf.reduce_any(tf.logical_and(values, mine), axis=[1, 2]))
     flags = tf.logical_not(bad)
-    out, start = [], 0
-    for counts in sizes:
-        out.append(flags[start : start + len(counts)])
-        start += len(counts)
-    return out
+    return [flags[i, : len(counts)] for i, counts in enumerate(sizes)]

@@ -113,12 +113,13 @@ class LaidFlagsTest(parameterized.TestCase, tf.test.TestCase):
             self.assertAllEqual(flags, [True, True])
 
     def test_the_pairs_compared_grow_with_shared_blocks_times_tensors(self):
-        """A bucket's whole blocks count once per tensor; a shared block's values
-        each once per tensor (what `PackedSum.flags` bounds before it lays a check)."""
+        """A bucket's whole blocks count once per tensor of it; a shared block's values
+        each once per tensor of it (what `PackedSum.flags` bounds before it lays a check)."""
         self.assertEqual(laid_pairs([[3 * BLOCK]]), 3)
         self.assertEqual(laid_pairs([[1] * 10]), BLOCK * 10)  # one shared part block
         self.assertEqual(laid_pairs([[BLOCK + 1, BLOCK - 1]]), (2 + BLOCK) * 2)  # one shared
-        self.assertEqual(laid_pairs([[2 * BLOCK], [5]]), (2 + BLOCK) * 2)
+        # Each bucket with its own tensors, padded to the largest counts of any bucket:
+        self.assertEqual(laid_pairs([[2 * BLOCK], [5, 5]]), 2 * (2 + BLOCK) * 2)
 
     def test_sizes_must_fill_the_bucket(self):
         with self.assertRaisesRegex(ValueError, "add up"):

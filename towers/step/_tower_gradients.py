@@ -99,16 +99,15 @@ def _sent_narrow(
 ) -> bool:
     """Whether the exchange may send this tower's exact half-precision gradients narrow.
 
-    A strategy that says so (`VariableStrategy.sends_narrow`: two towers, and for
-    `Replicated` no `wire_dtype` and state not sharded, for a parameter server gradients
-    packed in buckets), one worker, one pass each (micro-batches add the passes' gradients
-    in float32 first), and a batch size known when the step is built (the exchange sends
-    narrow only for equal weights it can see). Elsewhere the program returns float32, as
-    it would with no exchange at all: a cast outside it would be one more kernel per
-    gradient, for nothing. (Unequal shards of a static batch are seen only after the towers
-    are built: those gradients leave the program narrow and are cast back outside it.
-    Sharded state with a gradient hook all-reduces every gradient and could send them
-    narrow; it gets float32.)
+    A strategy that says so (`VariableStrategy.sends_narrow`: two towers, no `wire_dtype`,
+    state not sharded, and for a parameter server gradients packed in buckets), one worker,
+    one pass each (micro-batches add the passes' gradients in float32 first), and a batch
+    size known when the step is built (the exchange sends narrow only for equal weights it
+    can see). Elsewhere the program returns float32, as it would with no exchange at all: a
+    cast outside it would be one more kernel per gradient, for nothing. (Unequal shards of a
+    static batch are seen only after the towers are built: those gradients leave the program
+    narrow and are cast back outside it. Sharded state with a gradient hook all-reduces
+    every gradient and could send them narrow; it gets float32.)
     """
     leaves = tf.nest.flatten(shard)
     sized = bool(leaves) and all(

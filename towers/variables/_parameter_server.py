@@ -144,7 +144,7 @@ class ParameterServer(VariableStrategy):
 
     def sends_narrow(self, num_towers: int) -> bool:
         """Two towers whose gradients travel packed (one by one they travel in float32)."""
-        return num_towers == 2 and self.bucket_bytes is not None
+        return super().sends_narrow(num_towers) and self.bucket_bytes is not None
 
     def variable_copies(self, model: Any) -> Copies:
         """One copy of each variable: the model's own, under its canonical names.

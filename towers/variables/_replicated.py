@@ -233,10 +233,6 @@ class Replicated(VariableStrategy):
         del tower
         return True
 
-    def sends_narrow(self, num_towers: int) -> bool:
-        """Two towers, no `wire_dtype`, state not sharded (its reduce-scatter sends float32)."""
-        return num_towers == 2 and self.wire_dtype is None and not self.shard_optimizer_state
-
     @library_code
     def tower_variables(self, model: Any, tower: TowerContext | None) -> list[tf.Variable]:
         """The trainable variables of `tower`'s own replica (the first outside towers).

@@ -146,7 +146,9 @@ class VariableStrategy(abc.ABC):
         widened; the reductions of `towers.ops` send such gradients narrow between two
         towers (`towers.ops._exact_widening`). Where this says so, compiled towers return
         them narrow; elsewhere float32, as a narrow gradient cast back outside a tower's
-        program would cost a kernel per gradient and save nothing. The default: two towers.
+        program would cost a kernel per gradient and save nothing. The default: two towers,
+        state not sharded (a reduce-scatter sends float32) and no `wire_dtype` attribute
+        (its cast decides what crosses).
 
         Args:
           num_towers: The towers of one pass of the step, on one worker.
@@ -154,7 +156,11 @@ class VariableStrategy(abc.ABC):
         Returns:
           Whether the exchange of those towers' gradients can send them narrow.
         """
-        return num_towers == 2
+        return (
+            num_towers == 2
+            and not self.shard_optimizer_state
+            and getattr(self, "wire_dtype", None) is None
+        )
 
     def state_copies(self, model: Any) -> dict[str, tuple[tf.Variable | None, ...]]:
         """Which copies of each variable keep optimizer (and accumulator) state.

@@ -257,6 +257,27 @@ class ResolveTest(tf.test.TestCase):
                 variable_strategy=replicas,
             )
 
+    def test_sends_narrow_follows_the_documented_attributes(self):
+        """A strategy of one's own sends two towers' exact half-precision gradients narrow
+        by default, not with sharded state (a reduce-scatter sends float32) nor with a
+        `wire_dtype` (its cast decides); the built-in ones add their own conditions."""
+        strategy = OnTowerZero()
+        self.assertEqual([strategy.sends_narrow(k) for k in (1, 2, 3)], [False, True, False])
+        strategy.shard_optimizer_state = True
+        self.assertFalse(strategy.sends_narrow(2))
+        strategy = OnTowerZero()
+        strategy.wire_dtype = tf.bfloat16
+        self.assertFalse(strategy.sends_narrow(2))
+        devices = test_util.devices(2)
+        self.assertTrue(towers.Replicated(test_util.built_model, devices).sends_narrow(2))
+        self.assertFalse(
+            towers.Replicated(test_util.built_model, devices, wire_dtype=tf.bfloat16).sends_narrow(
+                2
+            )
+        )
+        self.assertTrue(towers.ParameterServer().sends_narrow(2))
+        self.assertFalse(towers.ParameterServer(bucket_bytes=None).sends_narrow(2))
+
     def test_the_protocol_is_enforced(self):
         class Partial(towers.VariableStrategy):
             def scope(self, tower):
