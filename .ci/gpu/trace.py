@@ -3,12 +3,15 @@
 On the lent H200, after the kit:
 
     python3 .ci/gpu/trace.py --devices=2 --configs='^(mirrored xla|towers replicated xla)$'
+    python3 .ci/gpu/trace.py --devices=1 --plain --tail_ms=3 --configs='^towers replicated'
 
 Builds the models suite's rows (as `python -m towers.bench --suite=models` does), times them
 interleaved, then traces `--steps` steps of each with TensorFlow's profiler and prints, per
 row and traced step: the host's wall time of the call, each GPU stream's busy time, the idle
 gaps over 50 us on the GPU (all streams together) and what ran around them, and the kernels
-by time. The raw traces go to $OUT (gzipped xplane, one per row) for a closer look.
+by time; with `--tail_ms`, every event of the last step's end, GPU and host (where a step's
+last milliseconds go: the update, the check, the loss's copies). The raw traces go to $OUT
+(gzipped xplane, one per row and run) for a closer look.
 """
 
 import argparse
@@ -41,6 +44,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--timed", type=int, default=10)
     parser.add_argument("--plain", action="store_true", help="the uncompiled rows")
+    parser.add_argument("--tail_ms", type=float, default=0, help="list the last step's end")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/trace_out"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -85,10 +89,13 @@ def main() -> None:
             walls.append((time.perf_counter() - began) * 1e3)
         tf.profiler.experimental.stop()
         (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
-        with open(path, "rb") as raw, gzip.open(f"{args.out}/trace{n}.xplane.pb.gz", "wb") as out:
+        name = f"trace_k{args.devices}{'_plain' if args.plain else ''}_{n}"  # one per run
+        with open(path, "rb") as raw, gzip.open(f"{args.out}/{name}.xplane.pb.gz", "wb") as out:
             shutil.copyfileobj(raw, out)
-        print(f"\n== {label} (trace{n}): host walls {', '.join(f'{w:.2f}' for w in walls)} ms")
+        print(f"\n== {label} ({name}): host walls {', '.join(f'{w:.2f}' for w in walls)} ms")
         summarize(path, args.steps)
+        if args.tail_ms:
+            tail(path, args.tail_ms)
         sys.stdout.flush()
 
 
@@ -180,6 +187,37 @@ _HOST = "|".join(
     ("XlaRun", "XlaLaunch", "_XlaCompile", "PartitionedCall", "_Send", "_Recv", "Assert")
     + ("Iterator", "EagerExecute", "Wait", "Memcpy")
 )
+
+
+def tail(path: str, ms: float) -> None:
+    """Prints every GPU event, and every host event over 3 us, of the last step's last `ms`."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    rows, marks = [], []  # (start_ns, end_ns, "G" or "H", line, name)
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        kind = "G" if plane.name.startswith("/device:GPU") else "H"
+        if kind == "H" and not plane.name.startswith("/host:CPU"):
+            continue
+        for line in plane.lines:
+            if kind == "G" and line.name in ("XLA Modules", "Steps", "TensorFlow Ops", "XLA Ops"):
+                continue
+            for e in line.events:
+                start = line.timestamp_ns + e.offset_ps // 1000
+                row = (start, start + e.duration_ps // 1000, kind, line.name[:14])
+                name = names.get(e.metadata_id, "?")
+                (marks if name == "towers_step" else rows).append((*row, name))
+    if not marks:
+        return
+    begin, finish = max(marks)[:2]
+    print(f"  the last {ms} ms of the last step (ms from its start, us, where, name):")
+    for start, end, kind, line, name in sorted(rows):
+        if end >= finish - ms * 1e6 and start <= finish and (kind == "G" or end - start > 3000):
+            at, took = (start - begin) / 1e6, (end - start) / 1e3
+            print(f"    {kind} {at:8.3f} {took:7.1f} {line:14s} {name[:80]}")
 
 
 def _kind(name: str) -> str:
