@@ -56,6 +56,22 @@ class FiniteFlagsTest(parameterized.TestCase, tf.test.TestCase):
         flags = _compiled([tf.constant(a) for a in arrays])
         self.assertAllEqual(flags, [i not in bad for i in range(count)])
 
+    def test_weights_of_one_shape_are_checked_stacked(self):
+        """Tensors of one shape in whole blocks (most weights) are stacked, more than a chunk
+        of them, beside others of another shape and padded small ones: each bad value flags
+        its own tensor, in order, in one reduction per shape and chunk."""
+        rng = np.random.default_rng(3)
+        shapes = [(2, BLOCK)] * (CHUNK + 2) + [(BLOCK, 3), (5,), (BLOCK, 3), (7, 3)]
+        arrays = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+        bad = {0, CHUNK, CHUNK + 1, CHUNK + 4, len(shapes) - 1}
+        for i in bad:
+            arrays[i].reshape(-1)[(7 * i) % arrays[i].size] = np.inf
+        values = [tf.constant(a) for a in arrays]
+        self.assertAllEqual(_compiled(values), [i not in bad for i in range(len(shapes))])
+        program = tf.function(finite_flags, jit_compile=True, autograph=False)
+        hlo = program.experimental_get_compiler_ir(values, laid_out=True)(stage="hlo")
+        self.assertLessEqual(hlo.count(" reduce("), 3 + 2)  # two stacks, one more, one laid
+
     def test_few_reductions_in_the_program(self):
         """Two reductions per chunk of a dtype (its blocks, then each tensor's range of them)
         and no scatter, not one reduction per tensor: 78 of those took 1.1 ms on the H200,
