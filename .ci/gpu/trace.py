@@ -99,14 +99,14 @@ def main() -> None:
         sys.stdout.flush()
 
 
-def summarize(path: str, steps: int) -> None:
-    """Prints each GPU stream's busy time, the GPU's idle gaps, kernels by time, a timeline."""
+def _read(path: str) -> tuple[list, list, list]:
+    """A trace's GPU events, host events and step marks: (start_ns, end_ns, plane, line, name)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
-    events, host, marks = [], [], []  # (start_ns, end_ns, plane, line, name)
+    events, host, marks = [], [], []
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         on_gpu = plane.name.startswith("/device:GPU")
@@ -124,10 +124,15 @@ def summarize(path: str, steps: int) -> None:
                     events.append(row)
                 elif name == "towers_step":
                     marks.append(row)
-                elif re.search(_HOST, name):
+                else:
                     host.append(row)
-    marks.sort()
-    host.sort()
+    return sorted(events), sorted(host), sorted(marks)
+
+
+def summarize(path: str, steps: int) -> None:
+    """Prints each GPU stream's busy time, the GPU's idle gaps, kernels by time, a timeline."""
+    events, host, marks = _read(path)
+    host = [h for h in host if re.search(_HOST, h[4])]
     print(f"step marks: {[round((m[1] - m[0]) / 1e6, 2) for m in marks]} ms")
     if marks:
         begin, finish = marks[-1][0], marks[-1][1]
@@ -139,8 +144,6 @@ def summarize(path: str, steps: int) -> None:
     if not events:
         print("no GPU events")
         return
-    events.sort()
-    host.sort()
     busy = collections.Counter()
     for start, end, plane, line, _ in events:
         busy[(plane, line)] += end - start
@@ -191,33 +194,16 @@ _HOST = "|".join(
 
 def tail(path: str, ms: float) -> None:
     """Prints every GPU event, and every host event over 3 us, of the last step's last `ms`."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    rows, marks = [], []  # (start_ns, end_ns, "G" or "H", line, name)
-    for plane in space.planes:
-        names = {k: v.name for k, v in plane.event_metadata.items()}
-        kind = "G" if plane.name.startswith("/device:GPU") else "H"
-        if kind == "H" and not plane.name.startswith("/host:CPU"):
-            continue
-        for line in plane.lines:
-            if kind == "G" and line.name in ("XLA Modules", "Steps", "TensorFlow Ops", "XLA Ops"):
-                continue
-            for e in line.events:
-                start = line.timestamp_ns + e.offset_ps // 1000
-                row = (start, start + e.duration_ps // 1000, kind, line.name[:14])
-                name = names.get(e.metadata_id, "?")
-                (marks if name == "towers_step" else rows).append((*row, name))
+    events, host, marks = _read(path)
     if not marks:
         return
-    begin, finish = max(marks)[:2]
+    begin, finish = marks[-1][:2]
+    rows = [("G", *e) for e in events] + [("H", *h) for h in host if h[1] - h[0] > 3000]
     print(f"  the last {ms} ms of the last step (ms from its start, us, where, name):")
-    for start, end, kind, line, name in sorted(rows):
-        if end >= finish - ms * 1e6 and start <= finish and (kind == "G" or end - start > 3000):
+    for kind, start, end, _, line, name in sorted(rows, key=lambda r: r[1]):
+        if end >= finish - ms * 1e6 and start <= finish:
             at, took = (start - begin) / 1e6, (end - start) / 1e3
-            print(f"    {kind} {at:8.3f} {took:7.1f} {line:14s} {name[:80]}")
+            print(f"    {kind} {at:8.3f} {took:7.1f} {line[:14]:14s} {name[:80]}")
 
 
 def _kind(name: str) -> str:
