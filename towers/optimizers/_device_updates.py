@@ -133,11 +133,10 @@ def compiled_update(
                 densified(g, var) if isinstance(g, tf.IndexedSlices) else g
                 for g, (_, var, _) in zip(grads, items)
             ]
-            rest = [i for i in range(len(dense)) if i not in known]
-            others = (
-                dict(zip(rest, tf.unstack(finite_flags([dense[i] for i in rest])))) if rest else {}
-            )
-            flags = [known[i] if i in known else others[i] for i in range(len(dense))]
+            rest = [i for i in range(len(dense)) if i not in known]  # checked one by one
+            if rest:
+                known.update(zip(rest, tf.unstack(finite_flags([dense[i] for i in rest]))))
+            flags = [known[i] for i in range(len(dense))]
             flags = tf.stack(flags) if flags else tf.zeros([0], tf.bool)
             if lr is not None:
                 flags = tf.concat([flags, tf.reshape(tf.math.is_finite(lr), [1])], 0)
