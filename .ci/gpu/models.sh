@@ -9,6 +9,11 @@
 cd "$(dirname "$0")/../.."
 export TF_CPP_MIN_LOG_LEVEL=2
 start=$(date +%s)
+# The split: one logical GPU of 100000 MiB (K=1) or two of 60000 MiB (K=2) on an H200; on a
+# card under 100 GiB (an H100's 80 GiB) 70000 MiB and two of 36000 MiB.
+total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+if (( ${total:-0} >= 100000 )); then MB1=100000 MB2=60000; else MB1=70000 MB2=36000; fi
+echo "GPU memory ${total} MiB: K=1 on ${MB1} MiB, K=2 on 2 x ${MB2} MiB" | tee -a "$OUT/times.txt"
 run() {  # name, seconds, flags...
   local name=$1 limit=$2; shift 2
   if [[ -z "${ONLY:-}" ]]; then [[ $name != final_* ]] || return 0  # (final_*: asked by name)
@@ -31,25 +36,25 @@ ours='towers replicated xla|towers replicated xla, no guard|towers replicated xl
 plain='^(one device|mirrored|towers replicated|towers replicated, no guard)$'
 # Seen at e127387: a GPT configuration compiles in 15-55 s, a ResNet-50 one in 45-60 s.
 # ResNet-50 runs the targets' rows (no whole-replica Mirrored, no hand-written loop).
-run gpt_k1 280 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=xla --configs="$k1"
-run gpt_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$k2"
-run resnet_k1 330 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --compiled=xla --configs="^(one device xla|mirrored xla|$ours)$"
-run resnet_k2 330 --worker_devices=2 --gpu_split_mb=60000 --models=resnet50 --compiled=xla --configs="^(mirrored xla|$ours)$"
+run gpt_k1 280 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=xla --configs="$k1"
+run gpt_k2 330 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$k2"
+run resnet_k1 330 --worker_devices=1 --gpu_split_mb=$MB1 --models=resnet50 --compiled=xla --configs="^(one device xla|mirrored xla|$ours)$"
+run resnet_k2 330 --worker_devices=2 --gpu_split_mb=$MB2 --models=resnet50 --compiled=xla --configs="^(mirrored xla|$ours)$"
 # The exchange at K=2 (issue #32's K=2 gap): the default (auto, 64 MiB buckets) beside ring and
 # reduce-broadcast in 64 MiB buckets, reduce-broadcast in one bucket, and sharded state (each
 # copy updates half the weights, then gathers the other half: one update's work, not two, on
 # one split GPU).
 exchange='^(mirrored xla|towers replicated xla|towers replicated xla, (ring|reduce-broadcast), 64 MiB buckets|towers replicated xla, reduce-broadcast, one bucket|towers replicated xla, sharded state|hand-written towers xla, update compiled)$'
-run gpt_k2_exchange 280 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$exchange"
-run gpt_plain_k1 120 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=plain --configs="$plain"
-run gpt_plain_k2 120 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=plain --configs="$plain"
+run gpt_k2_exchange 280 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$exchange"
+run gpt_plain_k1 120 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=plain --configs="$plain"
+run gpt_plain_k2 120 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=plain --configs="$plain"
 # Issue #32's table with the fewest compiles, for one session's device time (about 750 s with
 # the uncompiled runs above): ONLY="final_gpt_k2 final_resnet_k2" in one call, ONLY="final_gpt_k1
 # final_resnet_k1" in the next, ONLY="gpt_plain_k1 gpt_plain_k2" in a third. At K=1 the floor,
 # MirroredStrategy and towers with and without the guard; at K=2 the same less the floor.
 final1='^(one device xla|mirrored xla|towers replicated xla|towers replicated xla, no guard)$'
 final2='^(mirrored xla|towers replicated xla|towers replicated xla, no guard)$'
-run final_gpt_k1 200 --worker_devices=1 --gpu_split_mb=100000 --models=gpt --compiled=xla --configs="$final1"
-run final_gpt_k2 200 --worker_devices=2 --gpu_split_mb=60000 --models=gpt --compiled=xla --configs="$final2"
-run final_resnet_k1 260 --worker_devices=1 --gpu_split_mb=100000 --models=resnet50 --compiled=xla --configs="$final1"
-run final_resnet_k2 220 --worker_devices=2 --gpu_split_mb=60000 --models=resnet50 --compiled=xla --configs="$final2"
+run final_gpt_k1 200 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=xla --configs="$final1"
+run final_gpt_k2 200 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$final2"
+run final_resnet_k1 260 --worker_devices=1 --gpu_split_mb=$MB1 --models=resnet50 --compiled=xla --configs="$final1"
+run final_resnet_k2 220 --worker_devices=2 --gpu_split_mb=$MB2 --models=resnet50 --compiled=xla --configs="$final2"
