@@ -186,5 +186,65 @@ class LocalVerdictTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertLen(waits_for[op], 2, op.name)
 
 
+class RaisedBesideTheVerdictTest(tf.test.TestCase, parameterized.TestCase):
+    """The "raise" check runs on the device of the verdict it reads, and the loss is returned
+    from there. Before: the check ran on the host and the loss, merged on the host, was
+    returned through it; a tf.function's return value then went back to the GPU, and the
+    step waited for the verdict, the check and that copy one after the other."""
+
+    @parameterized.product(jit_compile=[False, True], merge_device=["/cpu:0", "tower"])
+    def test_the_check_and_the_loss_stay_on_the_first_copys_device(self, jit_compile, merge_device):
+        devices = test_util.devices(3)[1:]  # not the host's device
+        if merge_device == "tower":
+            merge_device = devices[1]
+        optimizer, poison = towers.Adam(0.01), tf.Variable(1.0)
+        model, step = _step(
+            devices, optimizer, poison, jit_compile=jit_compile, merge_device=merge_device
+        )
+        batch = test_util.batch(8)
+        graph = step.get_concrete_function(batch).graph
+        asserts = [op for op in graph.get_operations() if op.type == "Assert"]
+        self.assertEqual([_spec(op.device) for op in asserts], [_spec(devices[0])])
+        returned = graph.outputs[0].op  # (tf.function's own Identity, on the default device)
+        self.assertEqual(_spec(returned.inputs[0].device), _spec(devices[0]))
+        step(batch)
+        state = [v for replica in model.replicas for v in replica.variables]
+        state += list(optimizer.variables)
+        before = [v.numpy() for v in state]
+        poison.assign(np.nan)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "embedding") as raised:
+            step(test_util.batch(8, seed=1))
+        nonfinite_test._assert_alone(self, raised.exception)
+        for got, want in zip(state, before):
+            self.assertAllEqual(got, want)
+        poison.assign(1.0)
+        step(test_util.batch(8, seed=2))
+        towers.check_replicas_identical(model)
+
+    def test_a_v1_session_raises_once_when_it_runs_the_loss(self):
+        """A session fetches through the host: there the check and the loss stay on it."""
+        devices = test_util.devices(3)[1:]
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            poison = tf.Variable(1.0)
+            model = towers.Replicated(_built, devices)
+
+            def loss_fn(batch):
+                return test_util.loss_fn(model.local())(batch)[0] * poison
+
+            loss, _ = towers.train_step(
+                loss_fn, model, towers.SGD(0.1), test_util.batch(8), devices
+            )
+            self.assertEqual(_spec(loss.device), ("CPU", 0))  # fetched through the host
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(loss)
+            before = session.run(model.replicas[0].variables)
+            session.run(poison.assign(np.nan))
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "embedding") as raised:
+                session.run(loss)
+            nonfinite_test._assert_alone(self, raised.exception)
+            for got, want in zip(session.run(model.replicas[0].variables), before):
+                self.assertAllEqual(got, want)
+
+
 if __name__ == "__main__":
     tf.test.main()
