@@ -5,7 +5,8 @@
 # in 45-60 s per configuration there: pick rows with --configs and give each run its time.
 # The runs do not fit one call: ONLY="gpt_k1 gpt_k2" in one, ONLY=resnet_k1 in the next...
 # Rows print only when all of a run's configurations are timed (they are timed interleaved):
-# a run killed by its timeout prints none. ONLY="gpt_k2 ..." runs those alone.
+# a run killed by its timeout prints none. ONLY="gpt_k2 ..." runs those alone; STEPS= sets the
+# timed steps (20; each run's limit is for 20).
 cd "$(dirname "$0")/../.."
 export TF_CPP_MIN_LOG_LEVEL=2
 start=$(date +%s)
@@ -18,7 +19,7 @@ run() {  # name, seconds, flags...
   local name=$1 limit=$2; shift 2
   if [[ -z "${ONLY:-}" ]]; then [[ $name != final_* ]] || return 0  # (final_*: asked by name)
   else [[ " $ONLY " == *" $name "* ]] || return 0; fi
-  timeout -k 5 "$limit" python3 -m towers.bench --suite=models --steps=20 --warmup=3 "$@" \
+  timeout -k 5 "$limit" python3 -m towers.bench --suite=models --steps="${STEPS:-20}" --warmup=3 "$@" \
     > "$OUT/$name.jsonl" 2> "$OUT/$name.err"
   echo "$name rc=$? at $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 }
