@@ -16,8 +16,7 @@ every write, and "raise"'s error.
   beside them such as BatchNorm's moving averages, accumulated sums); a `LossScale` counts it.
 - "raise": the same, and then the call fails with an error naming the variables whose
   gradients were not finite (by their checkpoint names, the first first). The error is an
-  `Assert` built after every update of the step (in a `tf.function` on the verdict's device,
-  the loss returned from there; in a v1 graph on the host), so it surfaces in the same call
+  `Assert` on the host built after every update of the step, so it surfaces in the same call
   (a `tf.function`'s call, a v1 `Session.run` of the loss or the updates), once the updates
   have written their old values back.
 - None: no check.
@@ -151,47 +150,29 @@ def _skipped() -> tf.Tensor:
 
 @library_code
 def checked_loss(verdict: Verdict, updates: Sequence[Any], loss: tf.Tensor, outputs: Any) -> Any:
-    """The step's loss, returned after its updates and, for "raise", after the check.
+    """The step's loss, returned after its updates and, for "raise", after the host check.
 
-    The check waits for the updates, the loss and the merged outputs; once it can fail,
-    nothing of the step still crosses between devices, so TensorFlow reports its error once,
-    not once more for each transfer it cut short. In a `tf.function` the check (an `Assert`:
-    it has a kernel on every device, reading its inputs from host memory) runs on the
-    verdict's device and the loss is returned from there: the function's result then stays
-    on the device, where a result returned from the host went back to the GPU (one more
-    copy at the end of every step, the check's turn waiting for it). A v1 session fetches
-    the loss through the host: there the loss is copied to the host, checked and returned
-    from there (a fetch from the device would be a transfer the failing check cuts short).
+    With a check, the loss is copied to the host first and returned from there; the check
+    waits for the copy, the updates and the merged outputs. Once it can fail nothing of the
+    step still crosses between devices, so TensorFlow reports its error once, not once more
+    for each transfer it cut short.
     """
     if verdict.mode != "raise" or not verdict.flags:
         with tf.control_dependencies(update_ops(updates)):
             return tf.identity(loss)
-    if not tf.compat.v1.get_default_graph().building_function:
-        with host_scope():
-            loss = tf.identity(loss)
-            check = raised(verdict, [updates, loss, outputs])
-            with tf.control_dependencies(update_ops(updates) + check):
-                return tf.identity(loss)
-    where = verdict.finite.device or loss.device
-    with tf.device(where):
-        loss = tf.identity(loss)  # here before the check can fail (a transfer it would cut)
-        check = raised(verdict, [updates, loss, outputs], device=where)
+    with host_scope():
+        loss = tf.identity(loss)
+        check = raised(verdict, [updates, loss, outputs])
         with tf.control_dependencies(update_ops(updates) + check):
             return tf.identity(loss)
 
 
 @library_code
-def raised(verdict: Verdict, after: Sequence[Any], device: str | None = None) -> list:
-    """For "raise": the check that fails the call, built after the updates `after`.
+def raised(verdict: Verdict, after: Sequence[Any]) -> list:
+    """For "raise": the host check that fails the call, built after the updates `after`.
 
     The updates never wait for it (they write their old values back on their own); it waits
-    for them, so that a failing step has finished writing nothing new when it fails. The
-    names of the variables whose gradients were not finite are found on the host.
-
-    Args:
-      verdict: The step's verdict.
-      after: What the check waits for (update ops, tensors, nested).
-      device: Where the `Assert` runs (the device of what waits for it); None: the host.
+    for them, so that a failing step has finished writing nothing new when it fails.
 
     Returns:
       The check's op (in a list), or [] for another mode.
@@ -203,18 +184,18 @@ def raised(verdict: Verdict, after: Sequence[Any], device: str | None = None) ->
         flags = tf.gather(flags, list(verdict.ranked))
         names = tf.constant([verdict.names[i] for i in verdict.ranked])
         bad, _ = tf.unique(tf.gather(names, tf.where(tf.logical_not(flags))[:, 0]))
-        # No quote marks: Assert prints its strings C-escaped (an apostrophe as \').
-        said = [
-            tf.constant(
-                "towers: a NaN or Inf in the gradients of this step (or in the learning rate), for"
-            ),
-            bad,
-            tf.constant(
-                "(checkpoint names, the first first). The step changed nothing: weights, "
-                "optimizer state, moving averages and accumulated sums are as before it. To "
-                "skip such steps instead, pass nonfinite as skip (or a loss scale)."
-            ),
+        return [
+            tf.debugging.Assert(
+                verdict.finite,
+                [
+                    # No quote marks: Assert prints its strings C-escaped (an apostrophe as \').
+                    "towers: a NaN or Inf in the gradients of this step (or in the learning "
+                    "rate), for",
+                    bad,
+                    "(checkpoint names, the first first). The step changed nothing: weights, "
+                    "optimizer state, moving averages and accumulated sums are as before it. "
+                    "To skip such steps instead, pass nonfinite as skip (or a loss scale).",
+                ],
+                summarize=20,
+            )
         ]
-    with tf.device(device) if device else host_scope():
-        with tf.control_dependencies(update_ops(after)):
-            return [tf.debugging.Assert(verdict.finite, said, summarize=20)]

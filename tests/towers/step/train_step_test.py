@@ -256,9 +256,7 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
             step("clip")
 
     def test_ops_without_a_gpu_kernel_are_built_on_the_host(self):
-        """The checks of rows and batch sizes go to CPU:0, not the towers' devices; the
-        finiteness check's Assert (a kernel on every device) runs beside its verdict, on
-        the first tower's device, its message's strings on CPU:0."""
+        """Asserts (finiteness, rows, batch sizes) go to CPU:0, not the towers' devices."""
         devices = test_util.devices(8)[5:]
         replicas = towers.Replicated(test_util.built_model, devices)
 
@@ -288,14 +286,7 @@ class TrainStepTest(tf.test.TestCase, parameterized.TestCase):
         asserts = [op for op in graph.get_operations() if op.type == "Assert"]
         # Finiteness per copy, rows of the embedding per copy, batch sizes: 3, 3 and 2 or more.
         self.assertGreaterEqual(len(asserts), 3 + 3 * 2 + 2)
-        on = [test_util.local_device(op.device) for op in asserts]
-        self.assertEqual(sorted(set(on)), ["/device:CPU:0", devices[0]])
-        self.assertEqual(on.count(devices[0]), 1)
-        strings = [
-            op for op in graph.get_operations() if op.outputs and op.outputs[0].dtype == tf.string
-        ]
-        self.assertNotEmpty(strings)
-        self.assertEqual({test_util.local_device(op.device) for op in strings}, {"/device:CPU:0"})
+        self.assertEqual({test_util.local_device(op.device) for op in asserts}, {"/device:CPU:0"})
 
     def test_no_variable_gets_a_gradient(self):
         model = test_util.Model()
