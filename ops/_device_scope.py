@@ -15,7 +15,11 @@ def device_scope(device: str | None) -> contextlib.AbstractContextManager:
 
 
 def host_scope() -> contextlib.AbstractContextManager:
-    """The CPU beside the device in scope: for ops that have no GPU kernel (`Assert`).
+    """The CPU beside the device in scope: for ops that have no GPU kernel (string tensors).
+
+    (And for the checks: an `Assert` has a kernel on every device, reading its inputs from
+    host memory, but the checks' messages are strings, and the non-finite check stays on
+    the host so that its error comes alone: `towers.step._nonfinite.checked_loss`.)
 
     The scope merges with the caller's, so inside `tf.device("/job:w/task:1/device:GPU:2")`
     ops go to `/job:w/task:1/device:CPU:0`, the host of that GPU. Without it such an op built

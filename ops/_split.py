@@ -55,7 +55,7 @@ def _batch_size(inputs: Nested) -> int | tf.Tensor:
     if len(known) == len(leaves):
         return next(iter(known.values()))
     sizes = [tf.shape(leaf, out_type=tf.int32)[0] for leaf in leaves]
-    with host_scope():  # Assert has no GPU kernel
+    with host_scope():  # (the checks' messages: strings)
         checks = [
             tf.debugging.assert_equal(
                 size, sizes[0], message="every tensor in `inputs` must have the same batch size"
@@ -104,7 +104,7 @@ def shard_sizes(inputs: Nested | int | tf.Tensor, num_splits: int) -> list[int |
             )
         base, extra = divmod(batch, num_splits)
         return [base + (1 if i < extra else 0) for i in range(num_splits)]
-    with host_scope():  # Assert has no GPU kernel
+    with host_scope():  # (the checks' messages: strings)
         check = tf.debugging.assert_greater_equal(
             batch,
             num_splits,

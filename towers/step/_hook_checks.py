@@ -69,7 +69,7 @@ def _check_shape(grad: tf.Tensor | tf.IndexedSlices, var: tf.Variable) -> None:
 def _checked_rows(grad: tf.IndexedSlices, var: tf.Variable) -> list:
     rows = tf.cast(tf.shape(var)[0], grad.indices.dtype)
     message = f"`gradient_hook` returned row indices outside [0, rows) for variable {var.name}"
-    with host_scope():  # Assert has no GPU kernel
+    with host_scope():  # (the checks' messages: strings)
         checks = [
             tf.debugging.assert_non_negative(grad.indices, message=message),
             tf.debugging.assert_less(grad.indices, rows, message=message),

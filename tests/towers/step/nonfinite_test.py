@@ -245,6 +245,43 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIn("a NaN or Inf in the gradients of this step", towers_part)
         self.assertNotIn("\\", towers_part)  # printed as written: nothing C-escaped
 
+    @parameterized.parameters("outputs", "nested", "accumulated")
+    def test_the_error_comes_alone_whatever_the_step_returns(self, shape):
+        """Towers off the host, the step returning its outputs (merged on the host) too, or
+        nested in another tf.function, or accumulating: one error. A check moved off the
+        host (beside the verdict, the loss returned from there) failed each of them: every
+        result of a tf.function waits for every check, so a result on another device than
+        the check's is a transfer the failing check cuts ("2 root error(s)")."""
+        devices = test_util.devices(3)[1:]
+        poison = tf.Variable(1.0)
+        model = towers.Replicated(test_util.built_model, devices)
+        accumulate = towers.GradientAccumulator(every=2) if shape == "accumulated" else None
+
+        def loss_fn(batch):
+            loss, logits = test_util.loss_fn(model.local())(batch)
+            return loss * poison, logits
+
+        def train(batch):
+            loss, logits = towers.train_step(
+                loss_fn, model, towers.SGD(0.1), batch, devices, accumulate=accumulate
+            )
+            return (loss, logits) if shape == "outputs" else loss
+
+        step = tf.function(train)
+        if shape == "nested":
+            step = tf.function(lambda batch, inner=step: inner(batch))
+        step(test_util.batch(8))
+        step(test_util.batch(8, seed=1))
+        before = [v.numpy() for replica in model.replicas for v in replica.variables]
+        poison.assign(np.nan)
+        for seed in (2, 3):  # (a race, when it fails)
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "embedding") as raised:
+                step(test_util.batch(8, seed=seed))
+            _assert_alone(self, raised.exception)
+        after = [v.numpy() for replica in model.replicas for v in replica.variables]
+        for got, want in zip(after, before):
+            self.assertAllEqual(got, want)
+
     # The rules of each kind of state (a slot; two; norms per variable), each once, and a
     # compiled update (LAMB's, norms per variable inside the program). (Every rule's choice
     # alone, compiled or not: rules_test's CompiledUpdateTest; Adam's compiled updates
