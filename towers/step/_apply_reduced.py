@@ -146,7 +146,7 @@ def reduced_updates(
 
     def now() -> tf.Tensor:  # the mean is checked again: every call of it may have been skipped
         mean, judged = apply(added, nonfinite=nonfinite, others=False)
-        with tf.control_dependencies(update_ops(mean + raised(judged, mean, verdict.chosen))):
+        with tf.control_dependencies(update_ops(mean + raised(judged, mean, verdict.finite))):
             return tf.constant(True)
 
     ready = accumulate.ready()  # on the host: the calls' count, not a device's value
