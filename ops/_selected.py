@@ -5,18 +5,24 @@ the host wait for it: a `tf.cond` on such a flag copies it to the host and stall
 behind it, in TensorFlow's executor and in XLA alike. Here every write happens, and then each
 written variable takes `tf.where(keep, new, old)`: a skipped step is a step that wrote the old
 values. (A select, not a product: NaN times 0 is NaN.) Inside an XLA program the read, the
-update and the select fuse into one pass over each variable.
+update and the select fuse into one pass over each variable; outside one, on a GPU, the old
+values' copies and the choices are an XLA program each per device (`programs`).
 """
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from towers.ops._programs import in_programs
 from towers.ops._tensorflow import tf
 from towers.ops._updates import update_ops
 
 
 def selected(
-    keep: tf.Tensor | None, variables: Sequence[tf.Variable], build: Callable[[], Any]
+    keep: tf.Tensor | None,
+    variables: Sequence[tf.Variable],
+    build: Callable[[], Any],
+    *,
+    programs: bool = False,
 ) -> list:
     """Builds `build()`, which writes `variables` in place, then keeps its writes only where `keep`.
 
@@ -30,26 +36,60 @@ def selected(
       variables: Every variable `build()` writes. A variable it writes and that is not
         listed keeps the write.
       build: Builds the writes; returns update ops (nested), or None.
+      programs: Outside an XLA program: on devices where each kernel is a launch of its own
+        (`towers.ops._programs.in_programs`: GPUs), copy the old values of each device's
+        floating-point variables in one XLA program and choose in another, not a read and a
+        select (and a copy before each in-place write) per variable. The same values.
 
     Returns:
       The ops to run (or wait for): the writes and the choices after them.
     """
     if keep is None:
         return update_ops(build())
-    variables = _unique(variables)
+    groups: dict[tuple[str, bool], list[tf.Variable]] = {}
+    for var in _unique(variables):
+        programmed = programs and var.dtype.is_floating and in_programs(var.device)
+        groups.setdefault((var.device, programmed), []).append(var)
     old = []
-    for var in variables:
-        with tf.device(var.device):
-            old.append(_read(var))
-    with tf.control_dependencies(old):  # (a v1 graph has no automatic order)
+    for (device, programmed), group in groups.items():
+        with tf.device(device):
+            old.append(_copied(group) if programmed else [_read(var) for var in group])
+    with tf.control_dependencies([t for values in old for t in values]):  # (v1: no auto order)
         writes = update_ops(build())
     chosen = []
     with tf.control_dependencies(writes):
-        for var, before in zip(variables, old):
-            with tf.device(var.device):
-                value = tf.where(keep, _read(var), before)
-                chosen.append(var.assign(value, read_value=False))
+        for ((device, programmed), group), before in zip(groups.items(), old):
+            with tf.device(device):
+                if programmed:
+                    chosen.append(_chosen(keep, group, before))
+                    continue
+                for var, value in zip(group, before):
+                    new = tf.where(keep, _read(var), value)
+                    chosen.append(var.assign(new, read_value=False))
     return writes + update_ops(chosen)
+
+
+def _copied(variables: list[tf.Variable]) -> list[tf.Tensor]:
+    """The variables' values, copied by one XLA program.
+
+    Their buffers are not shared, so the writes after it need no copy before writing in place.
+    """
+
+    def old_values() -> list[tf.Tensor]:
+        return [var.read_value() for var in variables]
+
+    return tf.function(old_values, jit_compile=True, autograph=False)()
+
+
+def _chosen(keep: tf.Tensor, variables: list[tf.Variable], old: list[tf.Tensor]) -> tf.Tensor:
+    """Each variable assigned `tf.where(keep, its value, old)`, in one XLA program."""
+
+    def kept_writes(keep: tf.Tensor, old: list[tf.Tensor]) -> tf.Tensor:
+        for var, value in zip(variables, old):
+            var.assign(tf.where(keep, var.read_value(), value), read_value=False)
+        return tf.constant(True)  # the program's output; its writes are its effect
+
+    return tf.function(kept_writes, jit_compile=True, autograph=False)(keep, old)
 
 
 def _read(var: tf.Variable) -> tf.Tensor:

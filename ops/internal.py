@@ -30,7 +30,9 @@ training program needs none of it. It is the one door through which `towers` rea
   type, a `ValueError` for a value out of range, one wording everywhere.
 - Control: `update_ops` (the ops in nested update results, for a control dependency),
   `selected` (writes kept or undone by a boolean on the device: the non-finite guard) and
-  `finite_flags` (whether each of many tensors is all finite, in a few kernels under XLA).
+  `finite_flags` (whether each of many tensors is all finite, in a few kernels under XLA),
+  and `in_programs` (whether the guard's pieces run as small XLA programs on a device in an
+  uncompiled step: on GPUs).
 - Placement: `device_scope` (a device, or the caller's scope for None), `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel) and `has_kernel` (whether
   TensorFlow has a kernel for an op and its dtypes on a kind of device).
@@ -62,6 +64,7 @@ from towers.ops._owned import gather_from_owners, reduce_to_owners
 from towers.ops._ownership import owners_by_bytes
 from towers.ops._packed_sum import packed_arguments
 from towers.ops._packing import check_bucket_bytes
+from towers.ops._programs import in_programs
 from towers.ops._selected import selected
 from towers.ops._slices import deduplicated, densified
 from towers.ops._sparse_mode import sparse_mode
@@ -94,6 +97,7 @@ __all__ = [
     "graph_state",
     "has_kernel",
     "host_scope",
+    "in_programs",
     "library_code",
     "narrow_form",
     "normalized_weights",

@@ -187,4 +187,4 @@ def device_update(
         return updates
 
     written = [v for _, var, state in items for v in (var, *state.slots.values())]
-    return selected(finite, written, build)
+    return selected(finite, written, build, programs=not compiled)

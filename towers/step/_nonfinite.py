@@ -133,7 +133,7 @@ def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:
         if finite is None:
             built += update_ops(update())
         elif update.writes is not None:
-            built += selected(finite, update.writes, update)
+            built += selected(finite, update.writes, update, programs=True)
         else:
             built.append(tf.cond(finite, lambda u=update: _done(u()), _skipped))
     return built

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from towers.core import canonical_device
-from towers.ops.internal import device_scope, finite_flags, library_code
+from towers.ops.internal import device_scope, finite_flags, in_programs, library_code
 from towers.variables import canonical_name
 
 
@@ -92,7 +92,8 @@ def judge(
       rates: Optional: `rates(copy)`, whether the learning rate copy `copy` reads is finite
         (a boolean scalar, or None: nothing to check), built where it is called.
       elsewhere: Whether gradients other processes hold are finite (boolean scalars).
-      compiled: Check each copy's gradients in one XLA program.
+      compiled: Check each copy's gradients in one XLA program (on a GPU it is one anyway:
+        `towers.ops.internal.in_programs`).
       names_of: A variable's checkpoint name, or None (its name without tower scopes).
       alike: Whether the copies' gradients are equal by construction (no hook changed them).
     """
@@ -106,7 +107,7 @@ def judge(
         for on, checked in _by_device(grads, copy_variables, device).items():
             values = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _, _ in checked]
             with device_scope(on):
-                flags.append(_finite_flags(values, compiled))
+                flags.append(_finite_flags(values, compiled or in_programs(on)))
                 each.append(tf.reduce_all(flags[-1]))
             names += _names(checked, names_of)
             order += [(copy, j) for _, _, j in checked]
@@ -203,7 +204,7 @@ def _local(per_copy, variables, devices, mode, rates, compiled, names_of) -> Ver
         values = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _, _ in checked]
         rate = rates(copy)
         with device_scope(device):
-            mine = [_finite_flags(values, compiled)]
+            mine = [_finite_flags(values, compiled or in_programs(device))]
             if rate is not None:
                 mine.append(tf.reshape(rate, [1]))
             copies.append(tf.reduce_all(tf.concat(mine, 0)))

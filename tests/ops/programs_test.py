@@ -1,0 +1,202 @@
+"""The guard's pieces as small XLA programs in an uncompiled step (`towers.ops._programs`).
+
+On GPUs an uncompiled step's guard copies each device's old values in one XLA program and
+chooses in another, and checks each copy's gradients in a third, instead of a few kernels per
+variable. These tests run that path on CPU devices (its device types patched) and hold it to
+the hand-written reference, the old path's values bit for bit, and the guard's promise.
+"""
+
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+from tests.towers.step import nonfinite_test
+from towers.ops import _programs
+from towers.ops.internal import in_programs, selected
+
+
+def _on_cpus(test):
+    test.enter_context(mock.patch.object(_programs, "PROGRAM_DEVICES", frozenset({"CPU", "GPU"})))
+
+
+def _programs_of(graph, name):
+    """The calls of the XLA programs `name` ("old_values", "kept_writes", "finite_flags")."""
+    return [
+        op
+        for op in graph.get_operations()
+        if "_XlaMustCompile" in op.node_def.attr
+        and f"__inference_{name}_" in op.node_def.attr["f"].func.name
+    ]
+
+
+def _spec(device):
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.device_type, spec.device_index
+
+
+class InProgramsTest(tf.test.TestCase):
+    def test_gpus_only_by_default(self):
+        self.assertTrue(in_programs("/device:GPU:1"))
+        self.assertTrue(in_programs("/job:worker/replica:0/task:1/device:GPU:0"))
+        self.assertTrue(in_programs("/gpu:0"))
+        self.assertFalse(in_programs("/device:CPU:0"))
+        self.assertFalse(in_programs(None))
+        self.assertFalse(in_programs(""))
+
+
+class SelectedTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters(True, False)
+    def test_writes_kept_or_undone_bit_for_bit(self, keep):
+        """Float32 and float64 variables on two devices in two programs each; an int32 one
+        the old way. Undone, every value is as it was, -0.0's sign and NaN included."""
+        _on_cpus(self)
+        devices = test_util.devices(2)
+        with tf.device(devices[0]):
+            a = tf.Variable([-0.0, np.nan, np.inf, 1.5], name="a")
+            n = tf.Variable([1, 2], name="n")
+        with tf.device(devices[1]):
+            b = tf.Variable(np.arange(6.0).reshape(2, 3), name="b")  # float64
+        olds = [v.numpy() for v in (a, n, b)]
+
+        def build():
+            return [
+                a.assign_add([1.0, 1.0, 1.0, 1.0]),
+                n.assign_add([5, 5]),
+                b.scatter_nd_update([[1, 2]], [9.0]),
+            ]
+
+        @tf.function
+        def step(flag):
+            selected(flag, [a, n, b, a], build, programs=True)
+
+        graph = step.get_concrete_function(tf.constant(True)).graph
+        for name in ("old_values", "kept_writes"):
+            calls = _programs_of(graph, name)
+            self.assertEqual(sorted(_spec(c.device) for c in calls), [("CPU", 0), ("CPU", 1)])
+        step(tf.constant(keep))
+        if keep:
+            self.assertAllEqual(a.numpy()[[0, 2, 3]], [1.0, np.inf, 2.5])
+            self.assertTrue(np.isnan(a.numpy()[1]))
+            self.assertAllEqual(n.numpy(), [6, 7])
+            self.assertAllEqual(b.numpy(), [[0, 1, 2], [3, 4, 9]])
+        else:
+            for var, old in zip((a, n, b), olds):
+                self.assertEqual(var.numpy().tobytes(), old.tobytes(), var.name)
+
+    def test_not_without_programs_nor_on_cpus_by_default(self):
+        with tf.device(test_util.devices(1)[0]):
+            a = tf.Variable([1.0])
+        for patched in (True, False):
+            with mock.patch.object(
+                _programs, "PROGRAM_DEVICES", frozenset({"CPU"}) if patched else frozenset()
+            ):
+
+                @tf.function
+                def step():
+                    selected(tf.constant(True), [a], lambda: a.assign_add([1.0]))
+
+                graph = step.get_concrete_function().graph
+                self.assertEmpty(_programs_of(graph, "old_values"))
+
+
+class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.parameters("ps", "replicated", "sharded")
+    def test_equals_the_reference_and_a_nan_step_changes_nothing(self, strategy):
+        """SGD with momentum, uncompiled, on three devices: the steps equal the hand-written
+        reference; a NaN step raises alone and changes nothing; training goes on after it.
+        Every copy's old values, choice and check are programs on its devices."""
+        _on_cpus(self)
+        devices = test_util.devices(3)
+        batches = [test_util.batch(12, seed=i) for i in range(3)]
+        reference = test_util.built_model()
+        ref_step = test_util.reference_step(
+            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
+        )
+        if strategy == "ps":
+            model = test_util.built_model()
+            local, trained = (lambda: model), [model]
+        else:
+            model = towers.Replicated(
+                test_util.built_model, devices, shard_optimizer_state=strategy == "sharded"
+            )
+            local, trained = model.local, model.replicas
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        poison = tf.Variable(1.0)
+
+        def loss_fn(batch):
+            loss, logits = test_util.loss_fn(local())(batch)
+            return loss * poison, logits
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(loss_fn, model, optimizer, batch, devices)
+
+        graph = step.get_concrete_function(batches[0]).graph
+        writes = nonfinite_test._writes(graph)
+        self.assertNotEmpty(writes)
+        for op in writes:
+            waits_for = {before.type for before in test_util.ancestors(op)}
+            self.assertEmpty(waits_for & set(nonfinite_test._HOST_ROUND_TRIPS), op.name)
+        if strategy == "ps":  # (variables on the first device: its programs alone)
+            want = [("CPU", 0)]
+        else:
+            want = [("CPU", i) for i in range(3)]
+        for name in ("old_values", "kept_writes", "finite_flags"):
+            on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
+            if strategy == "sharded" and name == "finite_flags":  # (each owner its shares)
+                self.assertTrue(on and set(on) <= set(want), on)
+            else:
+                self.assertEqual(on, want, name)
+
+        for b in batches[:2]:
+            step(b)
+            ref_step(b)
+        before = [nonfinite_test._state(m) for m in [*trained, optimizer]]
+        poison.assign(np.nan)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing") as error:
+            step(batches[2])
+        nonfinite_test._assert_alone(self, error.exception)
+        for module, state in zip([*trained, optimizer], before):
+            for got, want in zip(nonfinite_test._state(module), state):
+                self.assertAllEqual(got, want)
+        poison.assign(1.0)
+        step(batches[2])
+        ref_step(batches[2])
+        for replica in trained:
+            for got, want in zip(replica.trainable_variables, reference.trainable_variables):
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def test_a_v1_session(self):
+        """In a v1 graph the programs run in order too: a NaN step changes nothing."""
+        _on_cpus(self)
+        devices = test_util.devices(2)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            model = towers.Replicated(test_util.built_model, devices)
+            optimizer = towers.SGD(0.1, momentum=0.9)
+            inputs = test_util.batch(8)
+            poison = tf.compat.v1.placeholder(tf.float32, [])
+
+            def loss_fn(batch):
+                loss, logits = test_util.loss_fn(model.local())(batch)
+                return loss * poison, logits
+
+            loss, _ = towers.train_step(loss_fn, model, optimizer, inputs, devices)
+            self.assertNotEmpty(_programs_of(tf.compat.v1.get_default_graph(), "kept_writes"))
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(loss, {poison: 1.0})
+            state = [v for m in [*model.replicas, optimizer] for v in m.variables]
+            before = session.run(state)
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing"):
+                session.run(loss, {poison: np.nan})
+            for got, want in zip(session.run(state), before):
+                self.assertAllEqual(got, want)
+            session.run(loss, {poison: 1.0})
+            self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
+
+
+if __name__ == "__main__":
+    tf.test.main()
