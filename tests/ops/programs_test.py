@@ -51,13 +51,13 @@ class InProgramsTest(tf.test.TestCase):
 class SelectedTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(True, False)
     def test_writes_kept_or_undone_bit_for_bit(self, keep):
-        """Float32 and float64 variables on two devices in two programs each; an int32 one
+        """Float32 and float64 variables on two devices in two programs each; an int64 one
         the old way. Undone, every value is as it was, -0.0's sign and NaN included."""
         _on_cpus(self)
         devices = test_util.devices(2)
         with tf.device(devices[0]):
             a = tf.Variable([-0.0, np.nan, np.inf, 1.5], name="a")
-            n = tf.Variable([1, 2], name="n")
+            n = tf.Variable([1, 2], dtype=tf.int64, name="n")  # (int32: host memory on GPUs)
         with tf.device(devices[1]):
             b = tf.Variable(np.arange(6.0).reshape(2, 3), name="b")  # float64
         olds = [v.numpy() for v in (a, n, b)]
@@ -76,7 +76,7 @@ class SelectedTest(tf.test.TestCase, parameterized.TestCase):
         graph = step.get_concrete_function(tf.constant(True)).graph
         for name in ("old_values", "kept_writes"):
             calls = _programs_of(graph, name)
-            self.assertEqual(sorted(_spec(c.device) for c in calls), [("CPU", 0), ("CPU", 1)])
+            self.assertEqual(sorted(_spec(c.device) for c in calls), [_spec(d) for d in devices])
         step(tf.constant(keep))
         if keep:
             self.assertAllEqual(a.numpy()[[0, 2, 3]], [1.0, np.inf, 2.5])
@@ -142,9 +142,9 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             waits_for = {before.type for before in test_util.ancestors(op)}
             self.assertEmpty(waits_for & set(nonfinite_test._HOST_ROUND_TRIPS), op.name)
         if strategy == "ps":  # (variables on the first device: its programs alone)
-            want = [("CPU", 0)]
+            want = [_spec(devices[0])]
         else:
-            want = [("CPU", i) for i in range(3)]
+            want = [_spec(d) for d in devices]
         for name in ("old_values", "kept_writes", "finite_flags"):
             on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
             if strategy == "sharded" and name == "finite_flags":  # (each owner its shares)
