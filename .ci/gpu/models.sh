@@ -47,8 +47,8 @@ run resnet_k2 330 --worker_devices=2 --gpu_split_mb=$MB2 --models=resnet50 --com
 # one split GPU).
 exchange='^(mirrored xla|towers replicated xla|towers replicated xla, (ring|reduce-broadcast), 64 MiB buckets|towers replicated xla, reduce-broadcast, one bucket|towers replicated xla, sharded state|hand-written towers xla, update compiled)$'
 run gpt_k2_exchange 280 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$exchange"
-run gpt_plain_k1 120 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=plain --configs="$plain"
-run gpt_plain_k2 120 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=plain --configs="$plain"
+run gpt_plain_k1 200 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=plain --configs="$plain"
+run gpt_plain_k2 200 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=plain --configs="$plain"
 # Issue #32's table with the fewest compiles, for one session's device time (about 750 s with
 # the uncompiled runs above): ONLY="final_gpt_k2 final_resnet_k2" in one call, ONLY="final_gpt_k1
 # final_resnet_k1" in the next, ONLY="gpt_plain_k1 gpt_plain_k2" in a third. At K=1 the floor,

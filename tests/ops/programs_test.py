@@ -14,6 +14,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from tests.towers.optimizers import rules_test
 from tests.towers.step import nonfinite_test
 from towers.ops import _programs
 from towers.ops.internal import in_programs, selected
@@ -104,11 +105,13 @@ class SelectedTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters("ps", "replicated", "sharded")
+    @parameterized.parameters("ps", "replicated", "sharded", "dense")
     def test_equals_the_reference_and_a_nan_step_changes_nothing(self, strategy):
         """SGD with momentum, uncompiled, on three devices: the steps equal the hand-written
         reference; a NaN step raises (alone, on CPUs) and changes nothing; training goes on
-        after it. Every copy's old values, choice and check are programs on its devices."""
+        after it. Every copy's update (its choice inside) and check are programs on its
+        devices; no old values are copied apart. With every gradient dense ("dense": the
+        embedding's too) each copy's update program decides its verdict: no check apart."""
         _on_cpus(self)
         devices = test_util.devices(3)
         batches = [test_util.batch(12, seed=i) for i in range(3)]
@@ -121,7 +124,10 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             local, trained = (lambda: model), [model]
         else:
             model = towers.Replicated(
-                test_util.built_model, devices, shard_optimizer_state=strategy == "sharded"
+                test_util.built_model,
+                devices,
+                shard_optimizer_state=strategy == "sharded",
+                sparse="dense" if strategy == "dense" else "auto",
             )
             local, trained = model.local, model.replicas
         optimizer = towers.SGD(0.1, momentum=0.9)
@@ -145,12 +151,22 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             want = [_spec(devices[0])]
         else:
             want = [_spec(d) for d in devices]
-        for name in ("old_values", "kept_writes", "finite_flags"):
+        if strategy == "dense":
+            self.assertEmpty(_programs_of(graph, "finite_flags"))
+        for name in ("update", "finite_flags") if strategy != "dense" else ("update",):
             on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
-            if strategy == "sharded" and name == "finite_flags":  # (each owner its shares)
+            if strategy == "sharded":  # (each owner its shares; one owns only the embedding)
                 self.assertTrue(on and set(on) <= set(want), on)
             else:
                 self.assertEqual(on, want, name)
+        # The choice is inside the update's program, but for the embedding's rows where
+        # `Replicated`'s exchange leaves each row once (their number changes from step to
+        # step): the embedding and its slot, copied and chosen beside their kernels.
+        for call in _programs_of(graph, "old_values"):
+            self.assertNotEqual(strategy, "ps")  # (a parameter server's rows: each tower's)
+            self.assertEqual(
+                [t.shape.as_list() for t in call.outputs], [[test_util.VOCAB, test_util.EMBED]] * 2
+            )
 
         for b in batches[:2]:
             step(b)
@@ -175,12 +191,14 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             for got, want in zip(replica.trainable_variables, reference.trainable_variables):
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
-    def test_a_v1_session(self):
-        """In a v1 graph the programs run in order too: a NaN step changes nothing."""
+    @parameterized.parameters("auto", "dense")
+    def test_a_v1_session(self, sparse):
+        """In a v1 graph the programs run in order too: a NaN step changes nothing (with
+        every gradient dense, each copy's update program decides the verdict)."""
         _on_cpus(self)
         devices = test_util.devices(2)
         with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-            model = towers.Replicated(test_util.built_model, devices)
+            model = towers.Replicated(test_util.built_model, devices, sparse=sparse)
             optimizer = towers.SGD(0.1, momentum=0.9)
             inputs = test_util.batch(8)
             poison = tf.compat.v1.placeholder(tf.float32, [])
@@ -190,7 +208,10 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
                 return loss * poison, logits
 
             loss, _ = towers.train_step(loss_fn, model, optimizer, inputs, devices)
-            self.assertNotEmpty(_programs_of(tf.compat.v1.get_default_graph(), "kept_writes"))
+            graph = tf.compat.v1.get_default_graph()
+            self.assertLen(_programs_of(graph, "update"), 2)
+            if sparse == "dense":
+                self.assertEmpty(_programs_of(graph, "finite_flags"))
             session.run(tf.compat.v1.global_variables_initializer())
             session.run(loss, {poison: 1.0})
             state = [v for m in [*model.replicas, optimizer] for v in m.variables]
@@ -201,6 +222,72 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertAllEqual(got, want)
             session.run(loss, {poison: 1.0})
             self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
+
+
+class UncompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
+    """On a GPU an uncompiled step's update of a towers rule is one XLA program per device."""
+
+    @parameterized.parameters(
+        ("momentum", True), ("adam", True), ("lamb", True), ("momentum", False), ("adam", False)
+    )
+    def test_a_rule_in_one_program_equals_the_numpy_rule(self, case, finite):
+        """Twenty steps: the numpy rule's weights (or, with the verdict False, the state as
+        built), one update program and nothing else."""
+        _on_cpus(self)
+        rules_test.twenty_steps(self, case, finite, jit_compile=False)
+
+    @parameterized.parameters(True, False)
+    def test_a_rule_of_ones_own_and_varying_rows_stay_kernels(self, keep):
+        """A subclass's rule may hold ops XLA cannot compile, and rows whose number changes
+        would be made dense: both keep TensorFlow's kernels and the choice beside them (the
+        old values copied in one program, chosen in another), beside a towers rule's dense
+        update in its program. The values are the plain path's, bit for bit."""
+
+        class Halving(towers.Optimizer):  # a subclass's rule (XLA may not compile it)
+            uses_step = False
+
+            def update(self, grad, var, slots, lr, step):
+                return var.assign_sub(grad * lr / 2)
+
+        def run(patched):
+            self.enter_context(
+                mock.patch.object(
+                    _programs, "PROGRAM_DEVICES", frozenset({"CPU"} if patched else ())
+                )
+            )
+            with tf.device(test_util.devices(1)[0]):
+                dense = tf.Variable(np.arange(6.0, dtype=np.float32).reshape(3, 2))
+                rows = tf.Variable(np.ones([5, 2], np.float32))
+                own = tf.Variable(np.full([2], 3.0, np.float32))
+            sgd, halving = towers.SGD(0.1, momentum=0.9), Halving(0.5, name="halving")
+
+            @tf.function(
+                input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.bool)]
+            )
+            def step(ids, flag):
+                values = tf.ones([tf.size(ids), 2])
+                sparse = tf.IndexedSlices(values, ids, tf.constant([5, 2]))
+                sgd.apply_gradients([(tf.ones([3, 2]), dense), (sparse, rows)], finite=flag)
+                halving.apply_gradients([(tf.ones([2]), own)], finite=flag)
+
+            for ids in ([1, 3], [0, 2, 4], [4]):
+                step(tf.constant(ids), tf.constant(True))
+            before = [v.numpy() for v in (dense, rows, own, *sgd.variables)]
+            step(tf.constant([2, 2, 0]), tf.constant(keep))
+            if not keep:
+                for var, old in zip((dense, rows, own, *sgd.variables), before):
+                    self.assertEqual(var.numpy().tobytes(), old.tobytes())
+            graph = step.get_concrete_function().graph
+            return [v.numpy() for v in (dense, rows, own)], graph
+
+        (programmed, graph), (plain, plain_graph) = run(True), run(False)
+        for got, want in zip(programmed, plain):
+            test_util.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        self.assertLen(_programs_of(graph, "update"), 1)  # the dense variable's (and slot's)
+        self.assertLen(_programs_of(graph, "old_values"), 2)  # the rows', then the own rule's
+        self.assertLen(_programs_of(graph, "kept_writes"), 2)
+        for name in ("update", "old_values", "kept_writes"):
+            self.assertEmpty(_programs_of(plain_graph, name))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@
 the rule's in-place updates, each written variable (slots included) then kept or written
 back as it was by the verdict (`towers.ops.internal.selected`), and with `jit_compile` all
 of it as one XLA program on the device, which reads only that device's variables (the rate
-and the step count come in as arguments). Given a `Judged` instead of a verdict, the program
-decides the verdict itself, from the gradients it applies and the rate it uses.
+and the step count come in as arguments). Without `jit_compile` a towers rule's update is
+one such program on a GPU too (`_programmed`), TensorFlow's kernels elsewhere. Given a
+`Judged` instead of a verdict, the program decides the verdict itself, from the gradients it
+applies and the rate it uses.
 """
 
 import dataclasses
@@ -18,6 +20,7 @@ from towers.ops.internal import (
     densified,
     device_scope,
     finite_flags,
+    in_programs,
     packed_arguments,
     selected,
     update_ops,
@@ -54,7 +57,8 @@ def copy_updates(
       group: `(grad, var, state)` of each of its variables to update.
       finite: The verdict, None, or a `Judged` (with `jit_compile`, the copy on one device):
         the program decides it, and the `Judged` holds it afterwards.
-      jit_compile: One XLA program per device.
+      jit_compile: One XLA program per device (without it: per GPU, for a towers rule's
+        dense updates, `_programmed`; TensorFlow's kernels elsewhere).
     """
     counter = optimizer.iterations.get(copy)
     with device_scope(counter.device if counter is not None else None):
@@ -69,20 +73,21 @@ def copy_updates(
         raise ValueError("A verdict judged in the update needs one compiled program.")
     for device, items in devices.items():
         with tf.device(device), tf.name_scope(optimizer.name):
-            grads = [grad for grad, _, _ in items]
-            if jit_compile:
-                grads = [_static(grad, var) for grad, (_, var, _) in zip(grads, items)]
-                given, terms, rebuilt = packed_arguments(grads)
-                program = compiled_update(optimizer, items, rebuilt, judged=judged is not None)
-                if judged is None:
-                    updates.append(program(given, terms, lr, done, finite))
-                else:
-                    judged.rate_checked = lr is not None
-                    ran, judged.finite, judged.flags = program(given, terms, lr, done, None)
-                    updates.append(ran)
-                    finite = judged.finite
-            else:
-                updates += device_update(optimizer, items, grads, lr, done, finite)
+            if judged is not None:
+                judged.rate_checked = lr is not None
+                program = _program(optimizer, items, judged=True)
+                ran, judged.finite, judged.flags = program(lr, done, None)
+                updates.append(ran)
+                finite = judged.finite
+                continue
+            programmed, kernels = items, []
+            if not jit_compile:
+                programmed, kernels = _programmed(optimizer, items, device)
+            if programmed:
+                updates.append(_program(optimizer, programmed)(lr, done, finite))
+            if kernels:
+                grads = [grad for grad, _, _ in kernels]
+                updates += device_update(optimizer, kernels, grads, lr, done, finite)
     if counter is None:
         return updates
     with tf.device(counter.device), tf.control_dependencies(update_ops(updates)):
@@ -96,6 +101,59 @@ def by_device(group: list) -> dict[str, list]:
     for item in group:
         found.setdefault(item[1].device, []).append(item)
     return found
+
+
+def _programmed(optimizer: Any, items: list, device: str) -> tuple[list, list]:
+    """The items an uncompiled step still updates in one XLA program on `device`, and the rest.
+
+    On devices where each kernel is a launch of its own (GPUs: `towers.ops.internal.in_programs`)
+    a towers rule's update is one program per device even when the towers are not compiled:
+    its code is ours and compiles, and inside the program the guard's choice fuses into the
+    update's own pass over each variable (outside, the old values are copied before the
+    in-place writes and chosen after them: two more passes over every variable). A subclass's
+    own rule, rows of a sparse gradient whose number changes from step to step (made dense
+    they would cost a pass over the whole variable) and non-float variables stay
+    TensorFlow's kernels.
+    """
+    if not in_programs(device) or not _own_rule(optimizer):
+        return [], items
+    programmed, kernels = [], []
+    for item in items:
+        grad, var, _ = item
+        varying = isinstance(grad, tf.IndexedSlices) and not grad.values.shape.is_fully_defined()
+        ok = var.dtype.is_floating and not varying
+        (programmed if ok else kernels).append(item)
+    return programmed, kernels
+
+
+def one_program(optimizer: Any, pairs: list, device: str | None) -> bool:
+    """Whether an uncompiled update of `(grad, var)` `pairs` on `device` is one XLA program.
+
+    As `_programmed`: a GPU, a towers rule, and every pair in the program (float variables,
+    no sparse rows whose number changes). Then the program can also decide the verdict.
+    """
+    items = [(grad, var, None) for grad, var in pairs]
+    if not items or not device:
+        return False
+    programmed, _ = _programmed(optimizer, items, device)
+    return len(programmed) == len(items)
+
+
+def _own_rule(optimizer: Any) -> bool:
+    """Whether the optimizer's rule is towers' own code (a subclass may write any ops)."""
+    kind = type(optimizer)
+    return all(
+        getattr(kind, name).__module__.startswith("towers.optimizers.")
+        for name in ("update", "update_sparse", "_update_one")
+    )
+
+
+def _program(optimizer: Any, items: list, judged: bool = False) -> Callable[..., Any]:
+    """`compiled_update` of `items`, given their gradients: call it with `(lr, done, finite)`."""
+    grads = [_static(grad, var) for grad, var, _ in items]
+    given, terms, rebuilt = packed_arguments(grads)
+    program = compiled_update(optimizer, items, rebuilt, judged=judged)
+    return lambda lr, done, finite: program(given, terms, lr, done, finite)
 
 
 def _static(grad: Any, var: tf.Variable) -> Any:

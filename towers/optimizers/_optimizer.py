@@ -191,7 +191,10 @@ class Optimizer(tf.Module, CopiedState):
           jit_compile: Build each device's updates (of one copy) as one XLA program on that
             device, the choice of `finite` inside it. The learning rate and the step count
             are read outside and passed in; sparse gradients are made dense inside (XLA
-            has no `unique`), which a rule's rows-only `update_sparse` equals.
+            has no `unique`), which a rule's rows-only `update_sparse` equals. False: on
+            GPUs a towers rule's dense updates are still one XLA program per device (each
+            kernel there is a launch, and the choice fuses into the update's pass); a
+            subclass's own rule, sparse rows and other devices use TensorFlow's kernels.
 
         Returns:
           An op grouping the updates and the step counts (None when executing eagerly).

@@ -29,7 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import device_scope, host_scope, library_code, selected, update_ops
-from towers.optimizers import AppliesGradients, Judged, Optimizer
+from towers.optimizers import AppliesGradients, Judged, Optimizer, one_program
 from towers.step._loss_scale import DynamicLossScale
 from towers.step._verdict import Verdict, judgeable, judged
 
@@ -94,9 +94,17 @@ def applied(
 def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer, alike) -> bool:
     """Whether each copy's update program decides its verdict.
 
-    Compiled, a towers optimizer, and copies that judge alone (`judgeable`).
+    A towers optimizer, copies that judge alone (`judgeable`), and their updates compiled:
+    with `jit`, or each copy's whole update one program on its GPU (`one_program`).
     """
-    if nonfinite is None or not jit or not alike or not isinstance(optimizer, Optimizer):
+    if nonfinite is None or not alike or not isinstance(optimizer, Optimizer):
+        return False
+    if not jit and not all(
+        one_program(
+            optimizer, [(g, v) for g, v in zip(copy_grads, c.variables) if g is not None], c.device
+        )
+        for c, copy_grads in zip(reduced, grads)
+    ):
         return False
     elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
     variables = [c.variables for c in reduced]

@@ -135,11 +135,11 @@ def judgeable(
     """Whether each copy's compiled update can decide its own verdict (`Judged`).
 
     As `judge`'s local verdicts (copies holding the same gradients, each on a device of its
-    own, nothing from other processes), with every variable of a copy on its device: then
-    the check can be the first part of the copy's one update program.
+    own, nothing from other processes; or one copy on its device), with every variable of a
+    copy on its device: then the check can be the first part of the copy's one update program.
     """
     return (
-        _judged_locally(per_copy, devices, elsewhere)
+        _judged_locally(per_copy, devices, elsewhere, least=1)
         and all(
             _holds(device, var.device)
             for copy_variables, device in zip(variables, devices)
@@ -181,13 +181,15 @@ def judged(
     return Verdict(finite[0], mode, (first.flags,), tuple(names), ranked, finite, tuple(devices))
 
 
-def _judged_locally(per_copy: Sequence[Sequence], devices: Sequence, elsewhere: Sequence) -> bool:
+def _judged_locally(
+    per_copy: Sequence[Sequence], devices: Sequence, elsewhere: Sequence, least: int = 2
+) -> bool:
     """Whether each copy can judge alone.
 
-    Several copies, each on a device of its own, no other process's share to wait for, and
-    every copy holding the same gradients (not shares of them).
+    At least `least` copies, each on a device of its own, no other process's share to wait
+    for, and every copy holding the same gradients (not shares of them).
     """
-    if len(per_copy) < 2 or elsewhere or not all(devices) or len(set(devices)) < len(devices):
+    if len(per_copy) < least or elsewhere or not all(devices) or len(set(devices)) < len(devices):
         return False
     given = [tuple(g is not None for g in grads) for grads in per_copy]
     return all(pattern == given[0] for pattern in given) and any(given[0])

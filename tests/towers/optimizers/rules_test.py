@@ -186,6 +186,44 @@ class RuleTest(tf.test.TestCase, parameterized.TestCase):
         test_util.assert_allclose(sparse_var, dense_var, rtol=1e-6, atol=1e-7)
 
 
+def twenty_steps(test: tf.test.TestCase, case: str, finite: bool | None, jit_compile: bool):
+    """Twenty `apply_gradients` of rule `case` under the verdict `finite`: the numpy rule's
+    weights (or, with False, the state as built), in one XLA program wherever the update is
+    compiled (`jit_compile`, or a GPU: `towers.ops.internal.in_programs`), the choice inside
+    it; uncompiled elsewhere, no program at all."""
+    make, rule, kwargs = CASES[case]
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(3, 4)).astype(np.float32)
+    var = tf.Variable(start, name="kernel")
+    optimizer = make()
+
+    @tf.function
+    def apply(grad):
+        verdict = None if finite is None else tf.constant(finite)
+        optimizer.apply_gradients([(grad, var)], finite=verdict, jit_compile=jit_compile)
+
+    expected, state = start.astype(np.float64), {}
+    for t in range(1, 21):
+        grad = rng.normal(size=(3, 4)).astype(np.float32)
+        if finite is False and t == 2:  # the state as built, before any step
+            built = [v.numpy() for v in optimizer.variables]
+        apply(tf.constant(grad))
+        if finite is not False:
+            expected = rule(expected, grad.astype(np.float64), state, t, **kwargs)
+    test_util.assert_allclose(var, expected, rtol=1e-5, atol=1e-6)
+    if finite is False:
+        for got, want in zip(optimizer.variables, built):
+            test.assertAllEqual(got, want)
+    graph = apply.get_concrete_function(tf.constant(grad)).graph
+    programs = [
+        op.node_def.attr["f"].func.name
+        for op in graph.get_operations()
+        if "_XlaMustCompile" in op.node_def.attr
+    ]
+    test.assertLen(programs, int(jit_compile or in_programs(var.device)))
+    test.assertTrue(all("__inference_update_" in name for name in programs), programs)
+
+
 class CompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
     """`apply_gradients(..., jit_compile=True)`: one XLA program, the numpy rule's result."""
 
@@ -196,41 +234,7 @@ class CompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
     def test_twenty_compiled_steps_equal_the_numpy_rule(self, case, finite, jit_compile):
         """And with the verdict False, nothing moves: weights, slots and step count. (Through
         `train_step`, with the error naming the variable: `nonfinite_test`.)"""
-        make, rule, kwargs = CASES[case]
-        rng = np.random.default_rng(0)
-        start = rng.normal(size=(3, 4)).astype(np.float32)
-        var = tf.Variable(start, name="kernel")
-        optimizer = make()
-
-        @tf.function
-        def apply(grad):
-            verdict = None if finite is None else tf.constant(finite)
-            optimizer.apply_gradients([(grad, var)], finite=verdict, jit_compile=jit_compile)
-
-        expected, state = start.astype(np.float64), {}
-        for t in range(1, 21):
-            grad = rng.normal(size=(3, 4)).astype(np.float32)
-            if finite is False and t == 2:  # the state as built, before any step
-                built = [v.numpy() for v in optimizer.variables]
-            apply(tf.constant(grad))
-            if finite is not False:
-                expected = rule(expected, grad.astype(np.float64), state, t, **kwargs)
-        test_util.assert_allclose(var, expected, rtol=1e-5, atol=1e-6)
-        if finite is False:
-            for got, want in zip(optimizer.variables, built):
-                self.assertAllEqual(got, want)
-        graph = apply.get_concrete_function(tf.constant(grad)).graph
-        programs = [
-            op.node_def.attr["f"].func.name
-            for op in graph.get_operations()
-            if "_XlaMustCompile" in op.node_def.attr
-        ]
-        # (Uncompiled on a GPU, the choice's copy and writes are two small programs of their
-        # own, not the update's: towers.ops.internal.in_programs.)
-        guard = [name for name in programs if "old_values" in name or "kept_writes" in name]
-        self.assertLen(programs, int(jit_compile) + len(guard))
-        guarded = finite is not None and not jit_compile and in_programs(var.device)
-        self.assertLen(guard, 2 if guarded else 0)
+        twenty_steps(self, case, finite, jit_compile)
 
     @parameterized.parameters(*CASES)
     def test_compiled_sparse_rows_equal_the_uncompiled(self, case):

@@ -99,10 +99,11 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
             self._by_hand[examples] = steps, [v.numpy() for v in reference.variables]
         return self._by_hand[examples]
 
-    @parameterized.parameters("ps", "ps_cpu", "replicated")
-    def test_k_compiled_towers_equal_the_hand_written_step(self, strategy):
-        """11 examples over 3 towers (4, 4, 3), momentum: the hand-written step's weights."""
-        devices = test_util.devices(4)[1:] if strategy == "ps_cpu" else test_util.devices(3)
+    @parameterized.parameters(("ps", 3), ("ps_cpu", 3), ("replicated", 3), ("replicated", 1))
+    def test_k_compiled_towers_equal_the_hand_written_step(self, strategy, k):
+        """11 examples over 3 towers (4, 4, 3), or one, momentum: the hand-written step's
+        weights. (One tower with a loss scale: two programs, not one; its update judges.)"""
+        devices = test_util.devices(4)[1:] if strategy == "ps_cpu" else test_util.devices(k)
         by_hand, reference = self._hand_written(11)
         optimizer = towers.SGD(0.1, momentum=0.9)
         if strategy == "replicated":
@@ -123,6 +124,7 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
                 devices,
                 variable_strategy=variable_strategy,
                 jit_compile=True,
+                loss_scale=128.0 if k == 1 else None,
             )
 
         for i, (want_loss, want_logits) in enumerate(by_hand):
@@ -137,8 +139,8 @@ class CompiledTowersTest(tf.test.TestCase, parameterized.TestCase):
         graph = step.get_concrete_function(test_util.batch(11)).graph
         self.assertEqual([test_util.local_device(c.device) for c in _calls(graph)], devices)
         # The update: one program on each copy's device (a parameter server's: its own).
-        # Replicated copies check their gradients inside it; a server's check is a program
-        # before it.
+        # Replicated copies (one too) check their gradients inside it; a server's check is a
+        # program before it.
         copies = devices if strategy == "replicated" else [model.variables[0].device]
         checks = [] if strategy == "replicated" else copies
         for kind, on_devices in (("update", copies), ("finite_flags", checks)):
