@@ -31,8 +31,8 @@ training program needs none of it. It is the one door through which `towers` rea
 - Control: `update_ops` (the ops in nested update results, for a control dependency),
   `selected` (writes kept or undone by a boolean on the device: the non-finite guard) and
   `finite_flags` (whether each of many tensors is all finite, in a few kernels under XLA),
-  and `in_programs` (whether the guard's pieces run as small XLA programs on a device in an
-  uncompiled step: on GPUs).
+  and `in_programs` (whether an uncompiled step's update and the guard's pieces run as XLA
+  programs on a device: on GPUs).
 - Placement: `device_scope` (a device, or the caller's scope for None), `host_scope` (the
   CPU beside the device in scope, for ops without a GPU kernel) and `has_kernel` (whether
   TensorFlow has a kernel for an op and its dtypes on a kind of device).

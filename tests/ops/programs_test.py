@@ -1,9 +1,11 @@
-"""The guard's pieces as small XLA programs in an uncompiled step (`towers.ops._programs`).
+"""The update and the guard's pieces as XLA programs in an uncompiled step (`towers.ops._programs`).
 
-On GPUs an uncompiled step's guard copies each device's old values in one XLA program and
-chooses in another, and checks each copy's gradients in a third, instead of a few kernels per
-variable. These tests run that path on CPU devices (its device types patched) and hold it to
-the hand-written reference, the old path's values bit for bit, and the guard's promise.
+On GPUs an uncompiled step's update of a towers rule is one XLA program per device, the
+guard's choice inside (and, where a copy's every gradient is in it, its check too); what
+stays TensorFlow's kernels (a subclass's rule, varying sparse rows) copies its old values in
+one program and chooses in another, and each copy's gradients are checked in a third. These
+tests run that path on CPU devices (its device types patched) and hold it to the hand-written
+reference, the numpy rules, the kernels' values and the guard's promise.
 """
 
 from unittest import mock
@@ -18,6 +20,7 @@ from tests.towers.optimizers import rules_test
 from tests.towers.step import nonfinite_test
 from towers.ops import _programs
 from towers.ops.internal import in_programs, selected
+from towers.optimizers import _device_updates
 
 
 def _on_cpus(test):
@@ -151,9 +154,14 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             want = [_spec(devices[0])]
         else:
             want = [_spec(d) for d in devices]
-        if strategy == "dense":
+        copied = _programs_of(graph, "old_values")
+        if strategy == "replicated" and test_util.KIND == "CPU":  # (the embedding's rows)
+            self.assertLen(copied, 3)
+        # (Where the exchange leaves no sparse rows, as on GPUs, every copy's update judges.)
+        judging = strategy == "dense" or (strategy == "replicated" and not copied)
+        if judging:
             self.assertEmpty(_programs_of(graph, "finite_flags"))
-        for name in ("update", "finite_flags") if strategy != "dense" else ("update",):
+        for name in ("update", "finite_flags") if not judging else ("update",):
             on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
             if strategy == "sharded":  # (each owner its shares; one owns only the embedding)
                 self.assertTrue(on and set(on) <= set(want), on)
@@ -162,8 +170,9 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         # The choice is inside the update's program, but for the embedding's rows where
         # `Replicated`'s exchange leaves each row once (their number changes from step to
         # step): the embedding and its slot, copied and chosen beside their kernels.
-        for call in _programs_of(graph, "old_values"):
-            self.assertNotEqual(strategy, "ps")  # (a parameter server's rows: each tower's)
+        if strategy == "ps":  # (a parameter server's rows: each tower's, in the program)
+            self.assertEmpty(copied)
+        for call in copied:
             self.assertEqual(
                 [t.shape.as_list() for t in call.outputs], [[test_util.VOCAB, test_util.EMBED]] * 2
             )
@@ -241,7 +250,8 @@ class UncompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
         """A subclass's rule may hold ops XLA cannot compile, and rows whose number changes
         would be made dense: both keep TensorFlow's kernels and the choice beside them (the
         old values copied in one program, chosen in another), beside a towers rule's dense
-        update in its program. The values are the plain path's, bit for bit."""
+        update in its program. The values are the plain path's (to float32 round-off: XLA
+        fuses the rule's arithmetic); an undone step's, bit for bit."""
 
         class Halving(towers.Optimizer):  # a subclass's rule (XLA may not compile it)
             uses_step = False
@@ -252,7 +262,7 @@ class UncompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
         def run(patched):
             self.enter_context(
                 mock.patch.object(
-                    _programs, "PROGRAM_DEVICES", frozenset({"CPU"} if patched else ())
+                    _programs, "PROGRAM_DEVICES", frozenset({"CPU", "GPU"} if patched else ())
                 )
             )
             with tf.device(test_util.devices(1)[0]):
@@ -288,6 +298,24 @@ class UncompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(_programs_of(graph, "kept_writes"), 2)
         for name in ("update", "old_values", "kept_writes"):
             self.assertEmpty(_programs_of(plain_graph, name))
+
+    def test_eager_calls_and_unguarded_rows_keep_the_kernels(self):
+        """An eager call would trace and compile the program anew each time; rows without a
+        verdict would be made dense (a pass over the whole table): both keep the kernels."""
+        _on_cpus(self)
+        with tf.device(test_util.devices(1)[0]):
+            var = tf.Variable(np.ones([5, 2], np.float32))
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        rows = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 3]), tf.constant([5, 2]))
+        with mock.patch.object(_device_updates, "compiled_update", side_effect=AssertionError):
+            optimizer.apply_gradients([(tf.ones([5, 2]), var)], finite=tf.constant(True))
+
+            @tf.function
+            def unguarded():
+                optimizer.apply_gradients([(rows, var)])
+
+            unguarded()
+        self.assertAllClose(var.numpy()[[1, 3]], np.full([2, 2], 0.71, np.float32))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from towers.optimizers._checks import (
     check_checkpointable,
     is_keras,
 )
-from towers.optimizers._device_updates import Judged, one_program
+from towers.optimizers._device_updates import Judged
 from towers.optimizers._lamb import LAMB
 from towers.optimizers._lars import LARS
 from towers.optimizers._optimizer import Optimizer
@@ -33,6 +33,5 @@ __all__ = [
     "SGD",
     "check_checkpointable",
     "is_keras",
-    "one_program",
     "schedules",
 ]

@@ -82,7 +82,7 @@ def copy_updates(
                 continue
             programmed, kernels = items, []
             if not jit_compile:
-                programmed, kernels = _programmed(optimizer, items, device)
+                programmed, kernels = _programmed(optimizer, items, device, finite is not None)
             if programmed:
                 updates.append(_program(optimizer, programmed)(lr, done, finite))
             if kernels:
@@ -103,25 +103,29 @@ def by_device(group: list) -> dict[str, list]:
     return found
 
 
-def _programmed(optimizer: Any, items: list, device: str) -> tuple[list, list]:
+def _programmed(optimizer: Any, items: list, device: str, guarded: bool) -> tuple[list, list]:
     """The items an uncompiled step still updates in one XLA program on `device`, and the rest.
 
     On devices where each kernel is a launch of its own (GPUs: `towers.ops.internal.in_programs`)
     a towers rule's update is one program per device even when the towers are not compiled:
     its code is ours and compiles, and inside the program the guard's choice fuses into the
     update's own pass over each variable (outside, the old values are copied before the
-    in-place writes and chosen after them: two more passes over every variable). A subclass's
-    own rule, rows of a sparse gradient whose number changes from step to step (made dense
-    they would cost a pass over the whole variable) and non-float variables stay
-    TensorFlow's kernels.
+    in-place writes and chosen after them: two more passes over every variable). Stay
+    TensorFlow's kernels: a subclass's own rule (it may hold ops XLA cannot compile), non-float
+    variables, an eager call (it would trace and compile the program again at every call),
+    rows of a sparse gradient whose number changes from step to step (XLA would compile again
+    for each number) and, without a verdict (`guarded` False), any sparse rows: made dense in
+    the program they would cost a pass over the whole table, where the kernels touch only the
+    rows (with a verdict the whole table is copied and chosen anyway).
     """
-    if not in_programs(device) or not _own_rule(optimizer):
+    if tf.executing_eagerly() or not in_programs(device) or not _own_rule(optimizer):
         return [], items
     programmed, kernels = [], []
     for item in items:
         grad, var, _ = item
-        varying = isinstance(grad, tf.IndexedSlices) and not grad.values.shape.is_fully_defined()
-        ok = var.dtype.is_floating and not varying
+        sparse = isinstance(grad, tf.IndexedSlices)
+        varying = sparse and not grad.values.shape.is_fully_defined()
+        ok = var.dtype.is_floating and not varying and (guarded or not sparse)
         (programmed if ok else kernels).append(item)
     return programmed, kernels
 
@@ -129,22 +133,22 @@ def _programmed(optimizer: Any, items: list, device: str) -> tuple[list, list]:
 def one_program(optimizer: Any, pairs: list, device: str | None) -> bool:
     """Whether an uncompiled update of `(grad, var)` `pairs` on `device` is one XLA program.
 
-    As `_programmed`: a GPU, a towers rule, and every pair in the program (float variables,
-    no sparse rows whose number changes). Then the program can also decide the verdict.
+    As `_programmed` under a verdict: a GPU, a towers rule, and every pair in the program
+    (float variables, no sparse rows whose number changes). Then the program can also decide
+    the verdict.
     """
     items = [(grad, var, None) for grad, var in pairs]
     if not items or not device:
         return False
-    programmed, _ = _programmed(optimizer, items, device)
+    programmed, _ = _programmed(optimizer, items, device, guarded=True)
     return len(programmed) == len(items)
 
 
 def _own_rule(optimizer: Any) -> bool:
     """Whether the optimizer's rule is towers' own code (a subclass may write any ops)."""
-    kind = type(optimizer)
-    return all(
-        getattr(kind, name).__module__.startswith("towers.optimizers.")
-        for name in ("update", "update_sparse", "_update_one")
+    kind, names = type(optimizer), ("update", "update_sparse", "_update_one")
+    return not any(name in vars(optimizer) for name in names) and all(
+        getattr(kind, name).__module__.startswith("towers.optimizers.") for name in names
     )
 
 

@@ -194,7 +194,8 @@ class Optimizer(tf.Module, CopiedState):
             has no `unique`), which a rule's rows-only `update_sparse` equals. False: on
             GPUs a towers rule's dense updates are still one XLA program per device (each
             kernel there is a launch, and the choice fuses into the update's pass); a
-            subclass's own rule, sparse rows and other devices use TensorFlow's kernels.
+            subclass's own rule, eager calls, sparse rows without a verdict (or whose number
+            varies), non-float variables and other devices use TensorFlow's kernels.
 
         Returns:
           An op grouping the updates and the step counts (None when executing eagerly).

@@ -29,7 +29,8 @@ from typing import Any
 import tensorflow as tf
 
 from towers.ops.internal import device_scope, host_scope, library_code, selected, update_ops
-from towers.optimizers import AppliesGradients, Judged, Optimizer, one_program
+from towers.optimizers import AppliesGradients, Judged, Optimizer
+from towers.optimizers._device_updates import one_program
 from towers.step._loss_scale import DynamicLossScale
 from towers.step._verdict import Verdict, judgeable, judged
 

@@ -8,6 +8,7 @@ from absl.testing import parameterized
 
 from tests import test_util
 from tests.towers.optimizers import rules_test
+from towers.ops import _programs
 from towers.optimizers import _fused
 
 FUSED = ("sgd", "momentum", "nesterov", "adam", "adamw", "rmsprop", "centered", "adagrad")
@@ -26,7 +27,11 @@ def _run(case: str, fused: bool, sparse: bool = False):
             grad = tf.IndexedSlices(grad[:3], tf.constant([1, 3, 1]), tf.constant([5, 3]))
         optimizer.apply_gradients([(grad, var)])
 
-    with mock.patch.object(_fused, "has_kernel", return_value=fused):
+    # (TensorFlow's kernels: on a GPU an uncompiled update is otherwise an XLA program.)
+    with (
+        mock.patch.object(_fused, "has_kernel", return_value=fused),
+        mock.patch.object(_programs, "PROGRAM_DEVICES", frozenset()),
+    ):
         grads = [tf.constant(rng.normal(size=(5, 3)).astype(np.float32)) for _ in range(10)]
         for grad in grads:
             update(grad)
