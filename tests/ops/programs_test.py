@@ -8,6 +8,7 @@ tests run that path on CPU devices (its device types patched) and hold it to the
 reference, the numpy rules, the kernels' values and the guard's promise.
 """
 
+import re
 from unittest import mock
 
 import numpy as np
@@ -200,6 +201,40 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             for got, want in zip(replica.trainable_variables, reference.trainable_variables):
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
+    @parameterized.parameters("replicated", "dense")
+    def test_one_nan_gradient_is_named_and_changes_nothing(self, strategy):
+        """One variable's gradient NaN, the others finite: the error names that variable
+        alone (the flags each copy's update program decides, or its check's) and the step
+        changes nothing on any copy."""
+        _on_cpus(self)
+        devices = test_util.devices(2)
+        model = towers.Replicated(
+            test_util.built_model, devices, sparse="dense" if strategy == "dense" else "auto"
+        )
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        poison = tf.Variable(0.0)
+
+        def loss_fn(batch):
+            local = model.local()
+            loss, logits = test_util.loss_fn(local)(batch)
+            return loss + tf.reduce_sum(local.b1) * poison, logits  # b1's gradient alone
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(loss_fn, model, optimizer, batch, devices)
+
+        step(test_util.batch(8))
+        before = [nonfinite_test._state(m) for m in [*model.replicas, optimizer]]
+        poison.assign(np.nan)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing") as error:
+            step(test_util.batch(8, seed=1))
+        bad = re.search(r"rate\), for[^\[]*\[([^\]]*)\]", str(error.exception))
+        self.assertIsNotNone(bad, str(error.exception))
+        self.assertEqual(bad.group(1).split(), ["b1"])
+        for module, state in zip([*model.replicas, optimizer], before):
+            for got, want in zip(nonfinite_test._state(module), state):
+                self.assertAllEqual(got, want)
+
     @parameterized.parameters("auto", "dense")
     def test_a_v1_session(self, sparse):
         """In a v1 graph the programs run in order too: a NaN step changes nothing (with
@@ -298,6 +333,39 @@ class UncompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(_programs_of(graph, "kept_writes"), 2)
         for name in ("update", "old_values", "kept_writes"):
             self.assertEmpty(_programs_of(plain_graph, name))
+
+    def test_any_rule_of_ones_own_keeps_the_kernels(self):
+        """A subclass that writes any of the rule's methods (`update`, `update_sparse`,
+        `_update_one`), or an instance given its own, keeps TensorFlow's kernels; a subclass
+        that changes only its construction keeps towers' rule, and its program."""
+
+        class Sparse(towers.SGD):
+            def update_sparse(self, grad, var, slots, lr, step):
+                return super().update_sparse(grad, var, slots, lr, step)
+
+        class One(towers.SGD):
+            def _update_one(self, *args, **kwargs):
+                return super()._update_one(*args, **kwargs)
+
+        class Named(towers.SGD):
+            def __init__(self, rate):
+                super().__init__(rate, momentum=0.9, name="named")
+
+        patched = towers.SGD(0.1)
+        patched.update = patched.update  # an instance's own (bound here: the same rule)
+        with tf.Graph().as_default(), tf.device("/device:GPU:0"):
+            var = tf.Variable(tf.ones([3]))
+            pairs = [(tf.ones([3]), var)]
+            for optimizer, programmed in [
+                (towers.SGD(0.1), True),
+                (towers.Adam(0.1), True),
+                (Named(0.1), True),
+                (Sparse(0.1), False),
+                (One(0.1), False),
+                (patched, False),
+            ]:
+                got = _device_updates.one_program(optimizer, pairs, "/device:GPU:0")
+                self.assertEqual(got, programmed, type(optimizer).__name__)
 
     def test_eager_calls_and_unguarded_rows_keep_the_kernels(self):
         """An eager call would trace and compile the program anew each time; rows without a
