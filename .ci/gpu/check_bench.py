@@ -1,12 +1,18 @@
 """How fast the non-finite check reads a GPT's gradients on one GPU, in several formulations.
 
 The guard's check (`towers.ops._finite.laid_flags`) reads every all-reduced gradient once
-inside each copy's update program; on the H200 it read them at 1.35 TB/s (session 16's
-trace). This times, each as its own XLA program over the same buckets (a GPT d=768, 6
-layers, its float32 gradients laid in 64 MiB buckets): the check as it is, its block
-reduction alone, two float formulations of it (a sum of `x * 0`, NaN where a value is not
-finite), a whole-bucket verdict, and an SGD update's pass over the same bytes (read the
-gradient and the weight, write the weight) for the bandwidth to compare with.
+inside each copy's update program. This times, over the same buckets (a GPT d=768, 6 layers,
+its float32 gradients laid in 64 MiB buckets), the check as it is, its block reduction alone,
+other formulations of it (a float sum of `x * 0`, NaN where a value is not finite; the largest
+magnitude; the largest exponent field, as integers; longer blocks; one verdict per bucket),
+and an SGD update's pass over the same bytes (read the gradient and the weight, write the
+weight) for the bandwidth to compare with.
+
+Each variant runs `REPEAT` times inside one XLA program (a loop whose every round reads the
+gradients scaled by a number the loop carries, so that nothing is computed once for all
+rounds): one call per variant, the host's launch cost spread over the rounds. (Session 21's
+first version timed one program call per round: every variant came out at 0.23 ms, the
+host's cost of a call, not the kernels'.)
 
     python3 .ci/gpu/check_bench.py  # on the device, after the kit; prints a row per variant
 """
@@ -21,6 +27,8 @@ from towers.ops._finite import BLOCK, laid_flags
 
 D, LAYERS, VOCAB, SEQ = 768, 6, 50257, 512
 BUCKET = 64 * 2**20 // 4  # float32 values per 64 MiB bucket
+REPEAT = int(os.environ.get("REPEAT", "20"))
+EXPONENT = 0x7F800000  # float32's exponent field: all ones for Inf and NaN
 
 
 def gpt_sizes() -> list[int]:
@@ -41,69 +49,107 @@ def buckets_of(sizes: list[int]) -> list[list[int]]:
     return out + [here]
 
 
-def timed(fn, args, rounds: int = int(os.environ.get("ROUNDS", "50"))) -> float:
-    """Seconds per call of `fn(*args)`, compiled and warmed first, synchronized at the end."""
-    fn(*args)  # compile
+def blocks(x: tf.Tensor, width: int = BLOCK) -> tf.Tensor:
+    """`x`'s whole blocks of `width` values, as rows."""
+    whole = int(x.shape[0]) // width
+    return tf.reshape(x[: whole * width], [whole, width])
+
+
+def exponent_ok(x: tf.Tensor) -> tf.Tensor:
+    """Per block: the largest exponent field below all ones (an integer max)."""
+    bits = tf.bitwise.bitwise_and(tf.bitcast(blocks(x), tf.int32), EXPONENT)
+    return tf.reduce_max(bits, 1) < EXPONENT
+
+
+VARIANTS = {
+    "laid_flags (today)": lambda sizes, g: laid_flags(g, sizes),
+    "blocks, reduce_all(is_finite)": lambda sizes, g: [
+        tf.reduce_all(tf.math.is_finite(blocks(x)), 1) for x in g
+    ],
+    "blocks of 16384, reduce_all(is_finite)": lambda sizes, g: [
+        tf.reduce_all(tf.math.is_finite(blocks(x, 16384)), 1) for x in g
+    ],
+    "blocks, is_finite(sum(x * 0))": lambda sizes, g: [
+        tf.math.is_finite(tf.reduce_sum(blocks(x) * 0, 1)) for x in g
+    ],
+    "blocks, max(abs(x)) < inf": lambda sizes, g: [
+        tf.reduce_max(tf.abs(blocks(x)), 1) < np.inf for x in g
+    ],
+    "blocks, max of exponent bits": lambda sizes, g: [exponent_ok(x) for x in g],
+    "whole, reduce_all(is_finite)": lambda sizes, g: [
+        tf.reduce_all(tf.math.is_finite(x))[None] for x in g
+    ],
+}
+
+
+def repeated(variant, sizes: list[list[int]]):
+    """`variant` `REPEAT` times in one XLA program; returns the last round's flags."""
+
+    def run(scale, *grads):
+        def body(i, s, _):
+            flags = variant(sizes, [x * s for x in grads])
+            return i + 1, s * 1.0000001, tf.concat([tf.reshape(f, [-1]) for f in flags], 0)
+
+        first = tf.concat([tf.reshape(f, [-1]) for f in variant(sizes, list(grads))], 0)
+        _, _, flags = tf.while_loop(
+            lambda i, s, f: i < REPEAT, body, (tf.constant(0), scale, tf.zeros_like(first))
+        )
+        return flags
+
+    return tf.function(run, jit_compile=True, autograph=False)
+
+
+def sgd_pass(grads: list[tf.Tensor]):
+    """An SGD step over the same bytes, `REPEAT` times in one program (weights as tensors)."""
+
+    def run(scale, *weights):
+        def body(i, s, *w):
+            return (i + 1, s * 1.0000001, *[v - 0.01 * s * g for v, g in zip(w, grads)])
+
+        out = tf.while_loop(lambda i, s, *w: i < REPEAT, body, (tf.constant(0), scale, *weights))
+        return out[2:]
+
+    return tf.function(run, jit_compile=True, autograph=False)
+
+
+def timed(fn, *args) -> float:
+    """Seconds per round of `fn(*args)` (`REPEAT` rounds a call), after a compiling call."""
     tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
     began = time.perf_counter()
-    for _ in range(rounds):
-        out = fn(*args)
-    tf.nest.map_structure(lambda t: t.numpy(), out)
-    return (time.perf_counter() - began) / rounds
+    tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
+    return (time.perf_counter() - began) / REPEAT
 
 
 def main() -> None:
-    """Times each variant and checks that the float one finds a NaN."""
+    """Times each variant and checks that each finds a NaN and an Inf."""
     sizes = buckets_of(gpt_sizes())
+    scale = tf.constant(1.0)
     with tf.device("/gpu:0"):
         grads = [tf.random.normal([sum(s)]) for s in sizes]
-        weights = [tf.Variable(tf.random.normal([sum(s)])) for s in sizes]
+        weights = [tf.random.normal([sum(s)]) for s in sizes]
     total = sum(sum(s) for s in sizes) * 4
-
-    def blocks(x):
-        whole = int(x.shape[0]) // BLOCK
-        return tf.reshape(x[: whole * BLOCK], [whole, BLOCK])
-
-    variants = {
-        "laid_flags (today)": lambda *g: laid_flags(g, sizes),
-        "blocks, reduce_all(is_finite)": lambda *g: [
-            tf.reduce_all(tf.math.is_finite(blocks(x)), 1) for x in g
-        ],
-        "blocks, is_finite(sum(x * 0))": lambda *g: [
-            tf.math.is_finite(tf.reduce_sum(blocks(x) * 0, 1)) for x in g
-        ],
-        "whole, reduce_all(is_finite)": lambda *g: tf.reduce_all(
-            tf.stack([tf.reduce_all(tf.math.is_finite(x)) for x in g])
-        ),
-        "whole, is_finite(sum(x * 0))": lambda *g: tf.math.is_finite(
-            tf.add_n([tf.reduce_sum(x * 0) for x in g])
-        ),
-    }
-    print(f"GPT gradients: {total / 1e6:.0f} MB in {len(sizes)} buckets", flush=True)
+    print(f"GPT gradients: {total / 1e6:.0f} MB in {len(sizes)} buckets, {REPEAT} rounds")
     with tf.device("/gpu:0"):
-        for name, fn in variants.items():
-            seconds = timed(tf.function(fn, jit_compile=True), grads)
+        for name, variant in VARIANTS.items():
+            seconds = timed(repeated(variant, sizes), scale, *grads)
             rate = total / seconds / 1e12
-            print(f"{name:34s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s", flush=True)
-
-        def sgd(*g):
-            for w, x in zip(weights, g):
-                w.assign_sub(0.01 * x)
-            return tf.constant(0.0)
-
-        seconds = timed(tf.function(sgd, jit_compile=True), grads)
-        print(
-            f"{'SGD pass (3 x the bytes)':34s} {seconds * 1e3:7.3f} ms  "
-            f"{3 * total / seconds / 1e12:5.2f} TB/s",
-            flush=True,
-        )
-    bad = [g.numpy() for g in grads]
-    bad[1][12345] = np.nan
-    with tf.device("/gpu:0"):
-        flags = tf.function(variants["blocks, is_finite(sum(x * 0))"], jit_compile=True)(
-            *[tf.constant(b) for b in bad]
-        )
-    print("sum(x * 0) finds the NaN:", not bool(tf.reduce_all(tf.concat(flags, 0))), flush=True)
+            print(f"{name:40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s", flush=True)
+        seconds = timed(sgd_pass(grads), scale, *weights)
+        rate = 3 * total / seconds / 1e12
+        print(f"{'SGD pass (3 x the bytes)':40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s")
+    for bad in (np.nan, np.inf):
+        spoiled = [g.numpy() for g in grads]
+        spoiled[1][12345] = bad
+        with tf.device("/gpu:0"):
+            spoiled = [tf.constant(s) for s in spoiled]
+            for name, variant in VARIANTS.items():
+                flags = tf.function(lambda *g, v=variant: v(sizes, list(g)), jit_compile=True)(
+                    *spoiled
+                )
+                found = not bool(tf.reduce_all(tf.concat([tf.reshape(f, [-1]) for f in flags], 0)))
+                if not found:
+                    print(f"{name} misses a {bad}", flush=True)
+    print("done", flush=True)
 
 
 if __name__ == "__main__":
