@@ -9,6 +9,7 @@ from towers.ops._all_reduce.checks import check_wire_dtype
 from towers.ops._all_reduce.terms import sends_values
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
+from towers.ops._crossed_flags import Crossing, crossing
 from towers.ops._exact_widening import HALF, narrow_columns
 from towers.ops._gathered_slices import gathered_slices
 from towers.ops._packed_sum import PackedSum, packed_gradients
@@ -232,9 +233,10 @@ def _reduce_dense(
     every bucket is divided by (the last element of its bucket, since it is packed last).
     Columns of exact float32 gradients of half-precision ones are packed narrow on two devices
     with equal weights (`_summable`). Each result is cast back to its column's dtype
-    (`dtypes`) on its device. Each device's
-    results are a `PackedSum`'s (its buckets' terms, the weight, the division, the casts):
-    a compiled update reading them takes those steps itself.
+    (`dtypes`) on its device. Each device's results are a `PackedSum`'s (its buckets'
+    terms, the weight, the division, the casts): a compiled update reading them takes those
+    steps itself. Buckets whose terms are the two towers' own (`gather_add`) carry each
+    tower's flags of its term (`Crossing`), for the guard in such an update.
     """
     k = len(devices)
     equal = equal_weights(weights) and wire_dtype is None
@@ -257,18 +259,19 @@ def _reduce_dense(
         with tf.device(device):
             buckets = pack(tensors, spec)
             packed.append(buckets if equal else [b * weight_in(weight, b.dtype) for b in buckets])
-    terms = []
+    terms, crosses = [], []
+    factor = weights[0] if equal else None
     for b in range(len(spec.buckets)):
         values = _summable([packed[i][b] for i in range(k)], devices, algorithm)
-        terms.append(
-            algorithm.sum_terms(values, devices, wire_dtype=wire_for(values[0], wire_dtype))
-        )
+        wire = wire_for(values[0], wire_dtype)
+        terms.append(algorithm.sum_terms(values, devices, wire_dtype=wire))
+        crosses.append(crossing(values, devices, algorithm, wire, factor, carry))
+    crossed, dtypes = Crossing.of(packed, spec, devices, crosses), dtypes + [tf.float32] * carry
     out = []
     for i, device in enumerate(devices):
         with tf.device(device):
             mine = [bucket[i] for bucket in terms]
-            factor = weights[0] if equal else None
-            summed = PackedSum(mine, spec, factor, dtypes + [tf.float32] * carry, carry)
+            summed = PackedSum(mine, spec, factor, dtypes, carry, crossed and (crossed, i))
             out.append(packed_gradients(summed, len(columns)))
     return out
 

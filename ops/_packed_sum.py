@@ -41,6 +41,9 @@ class PackedSum:
       dtypes: Each gradient's dtype (sums of half-precision gradients are float32).
       divided: Whether the last packed tensor is a one summed to the weights' total (other
         workers' towers included), which every summed bucket is divided by.
+      crossed: `(crossing, i)`: this is device i's sum of a `Crossing`, whose buckets'
+        terms are checked where they are made and their flags sent with them
+        (`towers.ops._crossed_flags`); None: the sums themselves are checked.
     """
 
     terms: list[list[tf.Tensor]]
@@ -48,6 +51,7 @@ class PackedSum:
     factor: float | None
     dtypes: list[tf.DType]
     divided: bool = False
+    crossed: tuple[Any, int] | None = None
 
     def summed(self, terms: Sequence[Sequence[tf.Tensor]] | None = None) -> list[tf.Tensor]:
         """Each bucket summed from `terms` (default this sum's own), scaled and divided."""
@@ -69,12 +73,23 @@ class PackedSum:
         """The gradients in the summed buckets `summed`, shaped and cast back."""
         return [tf.cast(g, d) for g, d in zip(unpack(summed, self.spec), self.dtypes)]
 
-    def flags(self, summed: Sequence[tf.Tensor]) -> dict[int, tf.Tensor]:
+    def crossed_flags(self) -> list:
+        """Per bucket, its terms' flags on this device (None: the sum is read), or []."""
+        if self.crossed is None:
+            return []
+        crossing, i = self.crossed
+        return crossing.flags_on(i)
+
+    def flags(
+        self, summed: Sequence[tf.Tensor], crossed: Sequence[Sequence[tf.Tensor] | None] = ()
+    ) -> dict[int, tf.Tensor]:
         """Whether each gradient is all finite, read in the summed buckets `summed`.
 
-        Only gradients whose dtype is their bucket's (the cast back changes nothing): a
-        narrower one may overflow in its cast, so it is left out, for a check of its own;
-        and none where the buckets hold too many small gradients (`laid_pairs`).
+        A bucket with crossed flags (`crossed`, in the program: `crossed_flags()`'s) is
+        judged by its terms' flags, not read again. Only gradients whose dtype is their
+        bucket's (the cast back changes nothing): a narrower one may overflow in its cast,
+        so it is left out, for a check of its own; and none where the buckets hold too many
+        small gradients (`laid_pairs`).
 
         Returns:
           Gradient index -> its flag (a boolean scalar).
@@ -82,8 +97,15 @@ class PackedSum:
         sizes = [[self.spec.shapes[i].num_elements() for i in m] for m in self.spec.buckets]
         if laid_pairs(sizes) > LAID_LIMIT:  # many small gradients: checked one by one
             return {}
+        crossed = list(crossed) or [None] * len(summed)
+        read = [b for b, given in enumerate(crossed) if given is None]
+        laid = dict(zip(read, laid_flags([summed[b] for b in read], [sizes[b] for b in read])))
+        per_bucket = [
+            laid[b] if given is None else tf.reduce_all(tf.stack(given), 0)
+            for b, given in enumerate(crossed)
+        ]
         found = {}
-        for members, bucket, flags in zip(self.spec.buckets, summed, laid_flags(summed, sizes)):
+        for members, bucket, flags in zip(self.spec.buckets, summed, per_bucket):
             for j, i in enumerate(members):
                 if i < len(self.dtypes) and self.dtypes[i] == bucket.dtype:
                     found[i] = flags[j]
@@ -110,16 +132,22 @@ def packed_origin(tensor: object) -> tuple[PackedSum, int] | None:
     return getattr(tensor.graph, _NOTES, {}).get(tensor.name)
 
 
-def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[..., Any]]:
+def packed_arguments(
+    grads: Sequence[object], checked: bool = False
+) -> tuple[list, list, Callable[..., Any]]:
     """`grads` as a compiled program's arguments: `PackedSum`s' gradients by their terms.
+
+    With `checked` (a program that judges the gradients), each sum's crossed flags come
+    with its terms (`PackedSum.crossed_flags`).
 
     Returns:
       `(given, terms, rebuilt)`: `grads` with None where a gradient is a `PackedSum`'s, the
       terms of each such sum, and a function that, inside the program, builds the gradient
       list again from those two (each sum's gradients built from its terms there).
-      `rebuilt(given, terms, checked=True)` returns `(grads, known)`, `known` the
-      all-finite flags of the sums' gradients read in their buckets (`laid_flags`), by
-      position in `grads`; a gradient not in it is for the caller to check.
+        `rebuilt(given, terms, checked=True)` returns `(grads, known)`, `known` the
+      all-finite flags of the sums' gradients read in their buckets (`laid_flags`) or
+      crossed with their terms (`PackedSum.crossed`), by position in `grads`; a gradient
+      not in it is for the caller to check. Each sum's terms come as `(terms, crossed)`.
     """
     sums: dict[int, PackedSum] = {}
     where, given = [], list(grads)
@@ -133,15 +161,16 @@ def packed_arguments(grads: Sequence[object]) -> tuple[list, list, Callable[...,
     order = list(sums)
 
     def rebuilt(given: list, terms: list, checked: bool = False) -> Any:
-        summed = {key: sums[key].summed(t) for key, t in zip(order, terms)}
+        summed = {key: sums[key].summed(t) for key, (t, _) in zip(order, terms)}
         built = {key: sums[key].unpacked(summed[key]) for key in order}
         out = list(given)
         for position, key, index in where:
             out[position] = built[key][index]
         if not checked:
             return out
-        flags = {key: sums[key].flags(summed[key]) for key in order}
+        flags = {key: sums[key].flags(summed[key], c) for key, (_, c) in zip(order, terms)}
         known = {p: flags[key][i] for p, key, i in where if i in flags[key]}
         return out, known
 
-    return given, [sums[key].terms for key in order], rebuilt
+    crossed = {key: sums[key].crossed_flags() if checked else [] for key in order}
+    return given, [(sums[key].terms, crossed[key]) for key in order], rebuilt

@@ -19,7 +19,8 @@ training program needs none of it. It is the one door through which `towers` rea
   `Weight` and `Gradient`.
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
   unique), `check_bucket_bytes`, `packed_arguments` (all-reduced gradients as the terms a
-  compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`), `narrow_form`
+  compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`, with the flags
+  each device made of the buckets it sent, `towers.ops._crossed_flags`), `narrow_form`
   and `HALF` (float32 gradients that are exactly half-precision ones, which exchanges of two
   towers send narrow: `towers.ops._exact_widening`), and `sparse_mode` (`Replicated`'s
   "auto" for `tf.IndexedSlices`: dense on logical GPUs of one GPU, gathered elsewhere).

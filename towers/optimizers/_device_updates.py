@@ -155,7 +155,7 @@ def _own_rule(optimizer: Any) -> bool:
 def _program(optimizer: Any, items: list, judged: bool = False) -> Callable[..., Any]:
     """`compiled_update` of `items`, given their gradients: call it with `(lr, done, finite)`."""
     grads = [_static(grad, var) for grad, var, _ in items]
-    given, terms, rebuilt = packed_arguments(grads)
+    given, terms, rebuilt = packed_arguments(grads, checked=judged)
     program = compiled_update(optimizer, items, rebuilt, judged=judged)
     return lambda lr, done, finite: program(given, terms, lr, done, finite)
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 from towers.core import as_caller_would, user_code_entry
 from towers.ops.internal import (
     device_scope,
+    host_scope,
     library_code,
     update_ops,
 )
@@ -150,7 +151,9 @@ def reduced_updates(
             return tf.constant(True)
 
     ready = accumulate.ready()  # on the host: the calls' count, not a device's value
-    with tf.control_dependencies(update_ops(updates)):
+    # The cond beside its predicate: unplaced, it (and its branches' constants) went to the
+    # first GPU, whichever devices the towers are on.
+    with host_scope(), tf.control_dependencies(update_ops(updates)):
         done = tf.cond(ready, now, lambda: tf.constant(False))
     finished = accumulate.finish(ready, batch_size, after=update_ops(done))
     return [done, finished, *updates], verdict

@@ -7,10 +7,11 @@ host: a `tf.cond` or an `Assert` in front of the updates would copy the verdict 
 and stall every update behind it (4-18% of a GPU step, measured); and `Replicated` copies
 that hold the same all-reduced gradients each judge their own, so that no verdict crosses
 between devices either (on the H200 the guard cost 8% of a GPT step at K=2 with one verdict,
-2% with each copy's own). This module owns the guard: its modes and their one default, the
-verdict (`towers.step._verdict`; or, for `Replicated` copies whose updates are compiled, each
-copy's update program decides it, from what it applies: `judging_updates`), the choice of
-every write, and "raise"'s error.
+2% with each copy's own), except the flags each device makes of the buckets it sends
+(`towers.ops._crossed_flags`, with `gather_add`), which travel with them. This module owns
+the guard: its modes and their one default, the verdict (`towers.step._verdict`; or, for
+`Replicated` copies whose updates are compiled, each copy's update program decides it, from
+what it applies: `judging_updates`), the choice of every write, and "raise"'s error.
 
 - "skip": the step changes nothing (weights, optimizer slots and step counts, state updated
   beside them such as BatchNorm's moving averages, accumulated sums); a `LossScale` counts it.

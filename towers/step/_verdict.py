@@ -79,10 +79,11 @@ def judge(
     Copies whose gradients are equal by construction (`alike`: `Replicated`'s all-reduced
     gradients, bitwise equal on every copy, no hook between), each holding all of them on a
     device of its own, each judge their own: every device decides from what it holds, and no
-    verdict crosses between devices. Otherwise (a parameter server, sharded state's shares,
-    other processes' shares, a hook's results) the flags meet on the first copy's device (or
-    the placer's choice) and every copy reads that one verdict, so that a hook that treats
-    copies differently cannot split them.
+    verdict crosses between devices (but the flags of `gather_add`'s buckets, made where the
+    buckets are and sent with them: `towers.ops._crossed_flags`). Otherwise (a parameter
+    server, sharded state's shares, other processes' shares, a hook's results) the flags
+    meet on the first copy's device (or the placer's choice) and every copy reads that one
+    verdict, so that a hook that treats copies differently cannot split them.
 
     Args:
       per_copy: Each copy's gradients (None: not checked).

@@ -143,6 +143,29 @@ class AcrossCallsTest(tf.test.TestCase, parameterized.TestCase):
         if strategy == "replicated":
             towers.check_replicas_identical(model)
 
+    @parameterized.parameters("ps", "replicated")
+    def test_the_call_that_applies_is_chosen_on_the_host(self, strategy):
+        """The accumulator's cond reads the host's count of calls: it is built there, with
+        towers off the host (unplaced, it went to the first GPU whatever the towers' devices,
+        and a failing step's error came twice)."""
+        devices = test_util.devices(3)[1:]
+        model = towers.Replicated(_build, devices) if strategy == "replicated" else _build()
+        local = model.local if strategy == "replicated" else (lambda: model)
+        optimizer, accumulator = towers.SGD(0.1), towers.GradientAccumulator(every=2)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                lambda b: test_util.loss_fn(local())(b), model, optimizer, batch, devices,
+                accumulate=accumulator,
+            )  # fmt: skip
+
+        graph = step.get_concrete_function(test_util.batch(4)).graph
+        conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+        self.assertNotEmpty(conds)
+        for op in conds:
+            self.assertEqual(test_util.local_device(op.device), "/device:CPU:0", op.name)
+
     def test_the_hook_sees_only_the_accumulated_mean(self):
         model, seen = _build(), []
         accumulator = towers.GradientAccumulator(every=3)

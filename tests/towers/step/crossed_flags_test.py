@@ -1,0 +1,130 @@
+"""The guard of a compiled `Replicated` step on two devices: each checks the buckets it sends.
+
+With `gather_add` each device's update adds both towers' buckets as it reads them; the check
+reads only the device's own bucket, in a program of its own, and the flags cross with the
+buckets (`towers.ops._crossed_flags`). A term passes when twice it is finite.
+"""
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import towers
+from tests import test_util
+
+SIZE = 3000  # one and a half blocks of `towers.ops._finite.BLOCK`: a shared block too
+HUGE = 2e38  # above half of float32's largest (3.4e38): two of them overflow
+
+
+class _Linear(tf.Module):
+    def __init__(self):
+        super().__init__(name="linear")
+        self.w = tf.Variable(tf.zeros([SIZE]), name="w")
+        self.b = tf.Variable(tf.zeros([5]), name="b")
+
+    def __call__(self, x):
+        return tf.reduce_sum(x * self.w, 1) + tf.reduce_sum(x[:, :5] * self.b, 1)
+
+
+def _loss(model):
+    return lambda x: tf.reduce_mean(tf.square(model(x) - 1.0))
+
+
+def _batch(seed):
+    return np.random.default_rng(seed).normal(size=(4, SIZE)).astype(np.float32) * 0.01
+
+
+def _calls(graph: tf.Graph, program: str) -> list[tf.Operation]:
+    """The call ops of compiled programs named `program` in a step's graph."""
+    return [
+        op
+        for op in graph.get_operations()
+        if op.type in ("StatefulPartitionedCall", "PartitionedCall")
+        and "_XlaMustCompile" in op.node_def.attr
+        and f"__inference_{program}_" in op.node_def.attr["f"].func.name
+    ]
+
+
+class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
+    def _step(self, nonfinite="skip", all_reduce="gather_add"):
+        devices = test_util.devices(2)
+        model = towers.Replicated(_Linear, devices, all_reduce=all_reduce)
+        optimizer = towers.SGD(0.1)
+
+        @tf.function
+        def step(x):
+            return towers.train_step(
+                lambda b: _loss(model.local())(b), model, optimizer, x, devices,
+                jit_compile=True, nonfinite=nonfinite,
+            )  # fmt: skip
+
+        return model, step
+
+    def _weights(self, model):
+        return [[v.numpy() for v in replica.variables] for replica in model.replicas]
+
+    def test_each_device_checks_the_buckets_it_made(self):
+        """One check program on each tower's device, whose flags both updates take (two
+        flag vectors each); none without a guard, and none where the sum is made before it
+        reaches the update (a ring)."""
+        devices = test_util.devices(2)
+        _, step = self._step()
+        graph = step.get_concrete_function(_batch(0)).graph
+        checks = _calls(graph, "crossed_flags")
+        self.assertEqual(sorted(test_util.local_device(c.device) for c in checks), devices)
+        updates = _calls(graph, "update")
+        self.assertLen(updates, 2)
+        for call in updates:
+            flags = [t for t in call.inputs if t.dtype == tf.bool]
+            self.assertEqual([t.shape.as_list() for t in flags], [[2], [2]], call.name)
+        self.assertEmpty(_calls(graph, "finite_flags"))  # no check of the sum on its own
+        for nonfinite, all_reduce in ((None, "gather_add"), ("skip", "ring")):
+            _, other = self._step(nonfinite, all_reduce)
+            graph = other.get_concrete_function(_batch(0)).graph
+            self.assertEmpty(_calls(graph, "crossed_flags"), (nonfinite, all_reduce))
+
+    def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
+        """A NaN in the second tower's examples: both copies skip the step (the first copy
+        learns it from the flags that crossed), and the finite steps around it equal the
+        hand-written whole-batch step's."""
+        reference = _Linear()
+        by_hand = test_util.reference_step(reference, _loss(reference), 0.1)
+        model, step = self._step()
+        for seed in range(2):
+            step(_batch(seed))
+            by_hand(_batch(seed))
+        before = self._weights(model)
+        poisoned = _batch(9)
+        poisoned[3, 7] = np.nan  # the second tower's shard
+        step(poisoned)
+        after = self._weights(model)
+        for copy_before, copy_after in zip(before, after):
+            for want, got in zip(copy_before, copy_after):
+                np.testing.assert_array_equal(got, want)
+        step(_batch(2))
+        by_hand(_batch(2))
+        for replica in model.replicas:
+            for got, want in zip(replica.variables, reference.variables):
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        towers.check_replicas_identical(model)
+
+    @parameterized.parameters(
+        ("each tower's gradient finite, their sum not", HUGE, HUGE),
+        ("a term above half the largest, the sum in range (the documented corner)", HUGE, -HUGE),
+    )
+    def test_a_term_counts_as_finite_when_twice_it_is(self, _, first, second):
+        """Gradients of 2e38 in each tower: finite, but their sum overflows. The step is
+        skipped (with "raise": fails, naming the weight), as a check of the sum would; and,
+        since each device checks only its own term, so is a step whose terms cancel."""
+        x = np.zeros([4, SIZE], np.float32)
+        x[0, 100], x[2, 100] = first, second  # d loss / d w[100] in each tower: -x
+        model, step = self._step()
+        before = self._weights(model)
+        step(x)
+        for copy_before, copy_after in zip(before, self._weights(model)):
+            for want, got in zip(copy_before, copy_after):
+                np.testing.assert_array_equal(got, want)
+        model, step = self._step("raise")
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"NaN or Inf.*\n?.*\bw\b"):
+            step(x)
+        self.assertAllEqual(model.replicas[1].variables[1], np.zeros([SIZE]))
