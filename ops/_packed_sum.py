@@ -144,7 +144,7 @@ def packed_arguments(
       `(given, terms, rebuilt)`: `grads` with None where a gradient is a `PackedSum`'s, the
       terms of each such sum, and a function that, inside the program, builds the gradient
       list again from those two (each sum's gradients built from its terms there).
-        `rebuilt(given, terms, checked=True)` returns `(grads, known)`, `known` the
+      `rebuilt(given, terms, checked=True)` returns `(grads, known)`, `known` the
       all-finite flags of the sums' gradients read in their buckets (`laid_flags`) or
       crossed with their terms (`PackedSum.crossed`), by position in `grads`; a gradient
       not in it is for the caller to check. Each sum's terms come as `(terms, crossed)`.
