@@ -83,7 +83,7 @@ class Crossing:
         None in eager mode (each call would compile the check again), where no bucket
         crosses, and where `laid_flags` would compare too many pairs (`laid_pairs`).
         """
-        if tf.executing_eagerly() or not any(crosses) or laid_pairs(_sizes(spec)) > LAID_LIMIT:
+        if tf.executing_eagerly() or not any(crosses) or laid_pairs(spec.sizes) > LAID_LIMIT:
             return None
         return cls(packed, spec, devices, [b for b, ok in enumerate(crosses) if ok])
 
@@ -94,7 +94,8 @@ class Crossing:
         check of its own buckets (one XLA program per device).
         """
         if self._made is None:  # each device checks its own buckets, in one program
-            sizes = [_sizes(self.spec)[b] for b in self.chosen]
+            every = self.spec.sizes
+            sizes = [every[b] for b in self.chosen]
 
             def crossed_flags(buckets: list[tf.Tensor]) -> list[tf.Tensor]:
                 return laid_flags([_doubled(bucket) for bucket in buckets], sizes)
@@ -114,10 +115,6 @@ class Crossing:
                     ]
             self._sent[i] = mine
         return self._sent[i]
-
-
-def _sizes(spec: PackSpec) -> list[list[int]]:
-    return [[spec.shapes[i].num_elements() for i in members] for members in spec.buckets]
 
 
 def _doubled(bucket: tf.Tensor) -> tf.Tensor:

@@ -94,7 +94,7 @@ class PackedSum:
         Returns:
           Gradient index -> its flag (a boolean scalar).
         """
-        sizes = [[self.spec.shapes[i].num_elements() for i in m] for m in self.spec.buckets]
+        sizes = self.spec.sizes
         if laid_pairs(sizes) > LAID_LIMIT:  # many small gradients: checked one by one
             return {}
         crossed = list(crossed) or [None] * len(summed)

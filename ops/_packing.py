@@ -20,6 +20,11 @@ class PackSpec:
     buckets: tuple[tuple[int, ...], ...]
     shapes: tuple[tf.TensorShape, ...]
 
+    @property
+    def sizes(self) -> list[list[int]]:
+        """For each bucket, the sizes of the tensors it holds, in order."""
+        return [[self.shapes[i].num_elements() for i in members] for members in self.buckets]
+
 
 @library_code
 def pack_spec(tensors: Sequence[tf.Tensor], bucket_bytes: int) -> PackSpec:
