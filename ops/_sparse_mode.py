@@ -9,11 +9,17 @@ from towers.ops._tensorflow import tf
 def sparse_mode(sparse: str, devices: Sequence[str]) -> str:
     """`sparse` itself, or for "auto" the mode `devices` call for.
 
-    "dense" where every device is a logical GPU of one and the same GPU: a table's copy
-    stays in that GPU's memory, while gathering rows with each row once waits for the host
-    (`tf.unique` reads the number of rows there) and serializes the exchange through the
-    first device. "gather" elsewhere: on CPUs no wait crosses a bus, and between GPUs of
-    their own a table costs more to send than its rows.
+    "dense" where every device is a logical GPU of one and the same GPU, one GPU alone
+    included: a table's copy stays in that GPU's memory, while gathering rows with each row
+    once waits for the host (`tf.unique` reads the number of rows there) and serializes the
+    exchange through the first device. On one device nothing is exchanged, but the wait is
+    the same, and rows whose number varies keep TensorFlow's kernels in an uncompiled update
+    (`towers.ops._programs`), so the non-finite guard copies and chooses the whole table
+    beside them and checks every gradient in a program of its own; a dense table is updated
+    and judged inside the copy's update program, as MirroredStrategy's and one device's
+    densifying SGD update it. The cost: a gradient the table's size in the GPU's memory
+    (`sparse="gather"` keeps rows). "gather" elsewhere: on CPUs no wait crosses a bus, and
+    between GPUs of their own a table costs more to send than its rows.
 
     Raises:
       ValueError: if `sparse` is none of "auto", "gather" and "dense".
@@ -22,7 +28,7 @@ def sparse_mode(sparse: str, devices: Sequence[str]) -> str:
         raise ValueError(f"`sparse` must be one of ('auto', 'gather', 'dense'); got {sparse!r}.")
     if sparse != "auto":
         return sparse
-    return "dense" if len(devices) > 1 and _one_gpu(devices) else "gather"
+    return "dense" if _one_gpu(devices) else "gather"
 
 
 def _one_gpu(devices: Sequence[str]) -> bool:

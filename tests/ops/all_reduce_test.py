@@ -221,12 +221,14 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsInstance(auto.choose(tf.ones([1024]), test_util.devices(3)), ops.RingAllReduce)
 
     def test_replicated_sends_tables_dense_within_one_split_gpu(self):
-        """`Replicated(sparse="auto")`: dense where every device is a logical GPU of one GPU
-        (a copy in its memory costs less than the host round trip of summing rows once),
-        rows gathered elsewhere (GPUs of their own, CPUs)."""
+        """`Replicated(sparse="auto")`: dense where every device is a logical GPU of one GPU,
+        one GPU alone included (a copy in its memory costs less than the host round trip of
+        summing rows once, and the guard's pass over the table beside rows), rows gathered
+        elsewhere (GPUs of their own, CPUs, one CPU)."""
         gpus = ["/device:GPU:0", "/device:GPU:1", "/device:GPU:2", "/device:GPU:3"]
         for physical, want in (
             ([0, 0, 0, 0], "dense"),
+            ([0], "dense"),
             ([0, 0, 1, 1], "gather"),
             ([0, 1], "gather"),
         ):
@@ -235,6 +237,7 @@ class AllReduceTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertEqual(internal.sparse_mode("gather", gpus[:2]), "gather")
         cpus = ["/device:CPU:0", "/device:CPU:1"]  # (the GPU tier's devices are split GPUs)
         self.assertEqual(internal.sparse_mode("auto", cpus), "gather")
+        self.assertEqual(internal.sparse_mode("auto", cpus[:1]), "gather")
         self.assertEqual(internal.sparse_mode("dense", cpus), "dense")
         with self.assertRaisesRegex(
             ValueError, r"one of \('auto', 'gather', 'dense'\); got 'rows'"

@@ -54,7 +54,8 @@ class Replicated(VariableStrategy):
       bucket_bytes: Gradient packing bucket size; None for one all-reduce per variable.
       wire_dtype: None, tf.float16 or tf.bfloat16 for compressed transfers.
       sparse: "gather" (IndexedSlices stay sparse, each row once), "dense", or "auto":
-        "dense" on logical GPUs of one GPU, "gather" elsewhere (`ops.internal.sparse_mode`).
+        "dense" on logical GPUs of one GPU or on one GPU alone (a table-sized gradient in
+        its memory), "gather" elsewhere (`ops.internal.sparse_mode`).
       shard_optimizer_state: Keep each variable's optimizer state on one copy only (its
         owner; whole variables, balanced by bytes: `owners`): gradients are reduce-scattered
         to the owners, each owner updates its variables, and the updated values are
