@@ -16,10 +16,9 @@ def sparse_mode(sparse: str, devices: Sequence[str]) -> str:
     the same, and rows whose number varies keep TensorFlow's kernels in an uncompiled update
     (`towers.ops._programs`), so the non-finite guard copies and chooses the whole table
     beside them and checks every gradient in a program of its own; a dense table is updated
-    and judged inside the copy's update program, as MirroredStrategy's and one device's
-    densifying SGD update it. The cost: a gradient the table's size in the GPU's memory
-    (`sparse="gather"` keeps rows). "gather" elsewhere: on CPUs no wait crosses a bus, and
-    between GPUs of their own a table costs more to send than its rows.
+    and judged inside the copy's update program. The cost: a gradient the table's size in
+    the GPU's memory (`sparse="gather"` keeps rows). "gather" elsewhere: on CPUs no wait
+    crosses a bus, and between GPUs of their own a table costs more to send than its rows.
 
     Raises:
       ValueError: if `sparse` is none of "auto", "gather" and "dense".

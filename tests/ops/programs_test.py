@@ -19,7 +19,7 @@ import towers
 from tests import test_util
 from tests.towers.optimizers import rules_test
 from tests.towers.step import nonfinite_test
-from towers.ops import _programs
+from towers.ops import _programs, _sparse_mode
 from towers.ops.internal import in_programs, selected
 from towers.optimizers import _device_updates
 
@@ -200,6 +200,56 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         for replica in trained:
             for got, want in zip(replica.trainable_variables, reference.trainable_variables):
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def test_one_gpu_alone_updates_and_judges_its_table_in_its_update(self):
+        """`Replicated` on one GPU of its own (CPU devices: `_one_gpu` patched to say so):
+        `sparse="auto"` sends the embedding's gradient dense, so the copy's update program
+        decides the verdict (no check program) and no table is copied and chosen beside
+        rows' kernels. The steps equal the hand-written reference; a NaN step raises and
+        changes nothing; training goes on after it."""
+        _on_cpus(self)
+        if test_util.KIND == "CPU":
+            self.enter_context(mock.patch.object(_sparse_mode, "_one_gpu", return_value=True))
+        devices = test_util.devices(1)
+        batches = [test_util.batch(12, seed=i) for i in range(3)]
+        reference = test_util.built_model()
+        ref_step = test_util.reference_step(
+            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
+        )
+        model = towers.Replicated(test_util.built_model, devices)
+        self.assertEqual(model.sparse, "dense")
+        optimizer = towers.SGD(0.1, momentum=0.9)
+        poison = tf.Variable(1.0)
+
+        def loss_fn(batch):
+            loss, logits = test_util.loss_fn(model.local())(batch)
+            return loss * poison, logits
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(loss_fn, model, optimizer, batch, devices)
+
+        graph = step.get_concrete_function(batches[0]).graph
+        for name in ("finite_flags", "old_values", "kept_writes"):
+            self.assertEmpty(_programs_of(graph, name), name)
+        self.assertEqual(
+            [_spec(c.device) for c in _programs_of(graph, "update")], [_spec(devices[0])]
+        )
+        for b in batches[:2]:
+            step(b)
+            ref_step(b)
+        before = [nonfinite_test._state(m) for m in [*model.replicas, optimizer]]
+        poison.assign(np.nan)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing"):
+            step(batches[2])
+        for module, state in zip([*model.replicas, optimizer], before):
+            for got, want in zip(nonfinite_test._state(module), state):
+                self.assertAllEqual(got, want)
+        poison.assign(1.0)
+        step(batches[2])
+        ref_step(batches[2])
+        for got, want in zip(model.replicas[0].trainable_variables, reference.trainable_variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     @parameterized.parameters("replicated", "dense")
     def test_one_nan_gradient_is_named_and_changes_nothing(self, strategy):
