@@ -11,6 +11,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
+from tests.towers.step import nonfinite_test
 
 SIZE = 3000  # one and a half blocks of `towers.ops._finite.BLOCK`: a shared block too
 HUGE = 2e38  # above half of float32's largest (3.4e38): two of them overflow
@@ -82,6 +83,25 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
             _, other = self._step(nonfinite, all_reduce)
             graph = other.get_concrete_function(_batch(0)).graph
             self.assertEmpty(_calls(graph, "crossed_flags"), (nonfinite, all_reduce))
+
+    @parameterized.parameters("skip", "raise")
+    def test_the_flags_cross_between_the_devices_not_through_the_host(self, nonfinite):
+        """Each copy's update waits for both devices' check programs (the flags that
+        crossed), and no write of the step waits for an Assert, an If or a Switch (a host
+        round trip), "raise" included."""
+        _, step = self._step(nonfinite)
+        graph = step.get_concrete_function(_batch(0)).graph
+        checks = set(_calls(graph, "crossed_flags"))
+        self.assertLen(checks, 2)
+        updates = _calls(graph, "update")
+        self.assertLen(updates, 2)
+        for call in updates:
+            self.assertEqual(test_util.ancestors(call) & checks, checks, call.name)
+        writes = nonfinite_test._writes(graph)
+        self.assertNotEmpty(writes)
+        for op in writes:
+            waits_for = {before.type for before in test_util.ancestors(op)}
+            self.assertEmpty(waits_for & set(nonfinite_test._HOST_ROUND_TRIPS), op.name)
 
     def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
         """A NaN in the second tower's examples: both copies skip the step (the first copy
