@@ -109,15 +109,19 @@ class SelectedTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.parameters("ps", "replicated", "sharded", "dense")
+    @parameterized.parameters("ps", "replicated", "sharded", "dense", "one_gpu")
     def test_equals_the_reference_and_a_nan_step_changes_nothing(self, strategy):
         """SGD with momentum, uncompiled, on three devices: the steps equal the hand-written
         reference; a NaN step raises (alone, on CPUs) and changes nothing; training goes on
         after it. Every copy's update (its choice inside) and check are programs on its
         devices; no old values are copied apart. With every gradient dense ("dense": the
-        embedding's too) each copy's update program decides its verdict: no check apart."""
+        embedding's too) each copy's update program decides its verdict: no check apart.
+        So too on one GPU of its own ("one_gpu": `Replicated` on one device, on CPU devices
+        `_one_gpu` patched to say so), where `sparse="auto"` sends the table dense."""
         _on_cpus(self)
-        devices = test_util.devices(3)
+        devices = test_util.devices(1 if strategy == "one_gpu" else 3)
+        if strategy == "one_gpu" and test_util.KIND == "CPU":
+            self.enter_context(mock.patch.object(_sparse_mode, "_one_gpu", return_value=True))
         batches = [test_util.batch(12, seed=i) for i in range(3)]
         reference = test_util.built_model()
         ref_step = test_util.reference_step(
@@ -134,6 +138,8 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
                 sparse="dense" if strategy == "dense" else "auto",
             )
             local, trained = model.local, model.replicas
+            if strategy == "one_gpu":
+                self.assertEqual(model.sparse, "dense")
         optimizer = towers.SGD(0.1, momentum=0.9)
         poison = tf.Variable(1.0)
 
@@ -146,11 +152,7 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             return towers.train_step(loss_fn, model, optimizer, batch, devices)
 
         graph = step.get_concrete_function(batches[0]).graph
-        writes = nonfinite_test._writes(graph)
-        self.assertNotEmpty(writes)
-        for op in writes:
-            waits_for = {before.type for before in test_util.ancestors(op)}
-            self.assertEmpty(waits_for & set(nonfinite_test._HOST_ROUND_TRIPS), op.name)
+        nonfinite_test.assert_no_write_waits_for_the_host(self, graph)
         if strategy == "ps":  # (variables on the first device: its programs alone)
             want = [_spec(devices[0])]
         else:
@@ -159,9 +161,12 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         if strategy == "replicated" and test_util.KIND == "CPU":  # (the embedding's rows)
             self.assertLen(copied, 3)
         # (Where the exchange leaves no sparse rows, as on GPUs, every copy's update judges.)
-        judging = strategy == "dense" or (strategy == "replicated" and not copied)
+        judging = strategy in ("dense", "one_gpu") or (strategy == "replicated" and not copied)
         if judging:
             self.assertEmpty(_programs_of(graph, "finite_flags"))
+        if strategy == "one_gpu":  # (no table copied and chosen beside rows' kernels)
+            self.assertEmpty(copied)
+            self.assertEmpty(_programs_of(graph, "kept_writes"))
         for name in ("update", "finite_flags") if not judging else ("update",):
             on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
             if strategy == "sharded":  # (each owner its shares; one owns only the embedding)
@@ -200,56 +205,6 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         for replica in trained:
             for got, want in zip(replica.trainable_variables, reference.trainable_variables):
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-    def test_one_gpu_alone_updates_and_judges_its_table_in_its_update(self):
-        """`Replicated` on one GPU of its own (CPU devices: `_one_gpu` patched to say so):
-        `sparse="auto"` sends the embedding's gradient dense, so the copy's update program
-        decides the verdict (no check program) and no table is copied and chosen beside
-        rows' kernels. The steps equal the hand-written reference; a NaN step raises and
-        changes nothing; training goes on after it."""
-        _on_cpus(self)
-        if test_util.KIND == "CPU":
-            self.enter_context(mock.patch.object(_sparse_mode, "_one_gpu", return_value=True))
-        devices = test_util.devices(1)
-        batches = [test_util.batch(12, seed=i) for i in range(3)]
-        reference = test_util.built_model()
-        ref_step = test_util.reference_step(
-            reference, test_util.loss_fn(reference), 0.1, momentum=0.9
-        )
-        model = towers.Replicated(test_util.built_model, devices)
-        self.assertEqual(model.sparse, "dense")
-        optimizer = towers.SGD(0.1, momentum=0.9)
-        poison = tf.Variable(1.0)
-
-        def loss_fn(batch):
-            loss, logits = test_util.loss_fn(model.local())(batch)
-            return loss * poison, logits
-
-        @tf.function
-        def step(batch):
-            return towers.train_step(loss_fn, model, optimizer, batch, devices)
-
-        graph = step.get_concrete_function(batches[0]).graph
-        for name in ("finite_flags", "old_values", "kept_writes"):
-            self.assertEmpty(_programs_of(graph, name), name)
-        self.assertEqual(
-            [_spec(c.device) for c in _programs_of(graph, "update")], [_spec(devices[0])]
-        )
-        for b in batches[:2]:
-            step(b)
-            ref_step(b)
-        before = [nonfinite_test._state(m) for m in [*model.replicas, optimizer]]
-        poison.assign(np.nan)
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing"):
-            step(batches[2])
-        for module, state in zip([*model.replicas, optimizer], before):
-            for got, want in zip(nonfinite_test._state(module), state):
-                self.assertAllEqual(got, want)
-        poison.assign(1.0)
-        step(batches[2])
-        ref_step(batches[2])
-        for got, want in zip(model.replicas[0].trainable_variables, reference.trainable_variables):
-            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     @parameterized.parameters("replicated", "dense")
     def test_one_nan_gradient_is_named_and_changes_nothing(self, strategy):

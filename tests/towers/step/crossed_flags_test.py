@@ -97,11 +97,7 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(updates, 2)
         for call in updates:
             self.assertEqual(test_util.ancestors(call) & checks, checks, call.name)
-        writes = nonfinite_test._writes(graph)
-        self.assertNotEmpty(writes)
-        for op in writes:
-            waits_for = {before.type for before in test_util.ancestors(op)}
-            self.assertEmpty(waits_for & set(nonfinite_test._HOST_ROUND_TRIPS), op.name)
+        nonfinite_test.assert_no_write_waits_for_the_host(self, graph)
 
     def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
         """A NaN in the second tower's examples: both copies skip the step (the first copy

@@ -97,6 +97,15 @@ _WRITES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
 _HOST_ROUND_TRIPS = ("Assert", "If", "StatelessIf", "Switch")
 
 
+def assert_no_write_waits_for_the_host(test, graph: tf.Graph) -> None:
+    """The step writes, and none of its writes has a host round trip in front of it."""
+    writes = _writes(graph)
+    test.assertNotEmpty(writes)
+    for op in writes:
+        waits_for = {before.type for before in test_util.ancestors(op)}
+        test.assertEmpty(waits_for & set(_HOST_ROUND_TRIPS), op.name)
+
+
 def _writes(graph: tf.Graph) -> list[tf.Operation]:
     found = []
     for op in graph.get_operations():
@@ -167,11 +176,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         optimizer = towers.Adam(0.1)
         step = _normed_step(model, devices, nonfinite, local, optimizer, jit_compile)
         graph = step.get_concrete_function(tf.zeros([8, 3])).graph
-        writes = _writes(graph)
-        self.assertNotEmpty(writes)
-        for op in writes:
-            waits_for = {before.type for before in test_util.ancestors(op)}
-            self.assertEmpty(waits_for & set(_HOST_ROUND_TRIPS), op.name)
+        assert_no_write_waits_for_the_host(self, graph)
         asserts = [op for op in graph.get_operations() if op.type == "Assert"]
         self.assertLen(asserts, 1 if nonfinite == "raise" else 0)
         good = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
