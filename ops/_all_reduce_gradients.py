@@ -1,7 +1,6 @@
 """All-reducing `K x N` tower gradients: every tower gets the weighted mean, on its device."""
 
 from collections.abc import Sequence
-from typing import Any
 
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
@@ -14,15 +13,20 @@ from towers.ops._exact_widening import HALF, narrow_columns
 from towers.ops._gathered_slices import gathered_slices
 from towers.ops._packed_sum import PackedSum, packed_gradients
 from towers.ops._packing import PackSpec, check_bucket_bytes, pack, pack_spec
-from towers.ops._slices import densified
 from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
+from towers.ops._tower_grads import (
+    Gradient,
+    check_column,
+    check_tower_grads,
+    column_dtype,
+    dense_column,
+)
 from towers.ops._weighted_mean import (
     Weight,
-    accumulation_dtype,
     checked_weights,
     equal_weights,
     normalized_weights,
+    scale,
     weight_in,
 )
 
@@ -72,6 +76,8 @@ def all_reduce_gradients(
       `algorithm` only moves values (`gather_add`; not NCCL, which adds on the wire): each
       device widens them as it adds them, the same sums in half the bytes
       (`towers.ops._exact_widening`). Other algorithms get the buckets widened first.
+    * One tower (and no other worker's) holds its mean already: its dense gradients come
+      back as they are (times a weight given as a tensor), nothing packed or sent.
     * None in every tower stays None; None in some towers only is an error.
 
     Args:
@@ -108,17 +114,21 @@ def all_reduce_gradients(
         beyond = algorithm.group_size(len(devices)) != len(devices)  # other workers' too
         norm, carry = weights_of(weights, devices, algorithm, bucket_bytes, wire_dtype)
         gather = sparse == "gather" and not beyond  # gathering reaches these devices only
+        alone = len(devices) == 1 and not beyond  # one tower's mean is its own gradient
         out: list[list[Gradient]] = [[None] * len(tower_grads[0]) for _ in devices]
         dense_columns = []
         for j, column in enumerate(zip(*tower_grads)):
-            name = variables[j].name if variables is not None else f"#{j}"
-            if not check_column(column, name, variables[j] if variables is not None else None):
+            variable = variables[j] if variables is not None else None
+            if not check_column(column, f"#{j}" if variable is None else variable.name, variable):
                 continue
             if gather and all(isinstance(g, tf.IndexedSlices) for g in column):
                 for i, gathered in enumerate(gathered_slices(list(column), devices, norm)):
                     out[i][j] = gathered
+            elif alone:  # nothing to pack or send: a pass over every gradient saved
+                (dense,) = dense_column(list(column), devices, variable, wide=False)
+                one = isinstance(norm[0], float) and norm[0] == 1.0  # (else a tensor's share)
+                out[0][j] = dense if one else scale(dense, norm[0])
             else:
-                variable = variables[j] if variables is not None else None
                 dense_columns.append((j, dense_column(list(column), devices, variable)))
         if dense_columns:
             reduced = _reduce_dense(
@@ -185,33 +195,6 @@ def check_options(bucket_bytes: int | None, wire_dtype: tf.DType | None, sparse:
     check_wire_dtype(wire_dtype)
     if sparse not in SPARSE_MODES:
         raise ValueError(f"`sparse` must be one of {SPARSE_MODES}; got {sparse!r}.")
-
-
-def column_dtype(tower_grads: list, j: int) -> tf.DType:
-    """The dtype of variable j's gradients (of tower 0's, which the others agree with)."""
-    grad = tower_grads[0][j]
-    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
-
-
-def dense_column(column: list, devices: list, variable: Any = None) -> list[tf.Tensor]:
-    """Each tower's gradient, dense and in float32 if half, on its device.
-
-    Slices take the shape of a dense gradient of the column, else of `variable`, else their
-    `dense_shape` where it is known while the graph is built (packing needs static shapes).
-    """
-    like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), variable)
-    dense = []
-    for grad, device in zip(column, devices):
-        with tf.device(device):
-            if isinstance(grad, tf.IndexedSlices) and like is not None:
-                grad = densified(grad, like)
-            elif isinstance(grad, tf.IndexedSlices):
-                shape = tf.get_static_value(grad.dense_shape)
-                grad = tf.convert_to_tensor(grad)
-                if shape is not None:
-                    grad.set_shape(shape)
-            dense.append(tf.cast(grad, accumulation_dtype(grad.dtype)))
-    return dense
 
 
 def _reduce_dense(

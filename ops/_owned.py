@@ -14,19 +14,19 @@ import numpy as np
 
 from towers.ops._all_reduce.base import AllReduce
 from towers.ops._all_reduce.by_name import all_reduce_algorithm
-from towers.ops._all_reduce_gradients import (
-    check_options,
-    column_dtype,
-    dense_column,
-    weights_of,
-    wire_for,
-)
+from towers.ops._all_reduce_gradients import check_options, weights_of, wire_for
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
 from towers.ops._gathered_slices import slices_on
 from towers.ops._ownership import Buffer, layout
 from towers.ops._tensorflow import tf
-from towers.ops._tower_grads import Gradient, check_column, check_tower_grads
+from towers.ops._tower_grads import (
+    Gradient,
+    check_column,
+    check_tower_grads,
+    column_dtype,
+    dense_column,
+)
 from towers.ops._weighted_mean import scale
 
 

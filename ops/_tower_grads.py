@@ -5,9 +5,12 @@ list; each entry is a `tf.Tensor`, a `tf.IndexedSlices` or None.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 from towers.ops._autograph import library_code
+from towers.ops._slices import densified
 from towers.ops._tensorflow import tf
+from towers.ops._weighted_mean import accumulation_dtype
 
 Gradient = tf.Tensor | tf.IndexedSlices | None
 
@@ -149,3 +152,32 @@ def _dense_shape(grad: tf.Tensor | tf.IndexedSlices) -> tf.TensorShape:
     if isinstance(grad, tf.IndexedSlices):
         return tf.TensorShape([None]).concatenate(grad.values.shape[1:])
     return grad.shape
+
+
+def column_dtype(tower_grads: list, j: int) -> tf.DType:
+    """The dtype of variable j's gradients (of tower 0's, which the others agree with)."""
+    grad = tower_grads[0][j]
+    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
+
+
+def dense_column(
+    column: list, devices: list, variable: Any = None, wide: bool = True
+) -> list[tf.Tensor]:
+    """Each tower's gradient, dense and (`wide`) in float32 if half, on its device.
+
+    Slices take the shape of a dense gradient of the column, else of `variable`, else their
+    `dense_shape` where it is known while the graph is built (packing needs static shapes).
+    """
+    like = next((g for g in column if not isinstance(g, tf.IndexedSlices)), variable)
+    dense = []
+    for grad, device in zip(column, devices):
+        with tf.device(device):
+            if isinstance(grad, tf.IndexedSlices) and like is not None:
+                grad = densified(grad, like)
+            elif isinstance(grad, tf.IndexedSlices):
+                shape = tf.get_static_value(grad.dense_shape)
+                grad = tf.convert_to_tensor(grad)
+                if shape is not None:
+                    grad.set_shape(shape)
+            dense.append(tf.cast(grad, accumulation_dtype(grad.dtype)) if wide else grad)
+    return dense

@@ -375,6 +375,48 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
             with self.assertRaisesRegex(ValueError, message):
                 ops.all_reduce_gradients(grads, devices, **kwargs)
 
+    @parameterized.parameters(
+        (None, "auto", None),
+        ([5], "ring", 64),
+        (None, "gather_add", 4 * 2**20),
+        ([5], "auto", None),
+    )
+    def test_one_tower_gets_its_own_gradients_with_nothing_packed_or_sent(
+        self, weights, algorithm, bucket_bytes
+    ):
+        """One tower's mean is its gradient: nothing is packed, sent or cast (a pass over every
+        gradient an uncompiled step on one GPU spent for nothing), the bits unchanged."""
+        devices = test_util.devices(1)
+        counting = _Counting(ops.all_reduce_algorithm(algorithm))
+        values = [np.float32([[1.5, -2.0], [3.0, 1e-30]]), np.float16([65504.0, 1e-7])]
+
+        @tf.function
+        def reduce():
+            with tf.device(devices[0]):
+                grads = [tf.constant(v) for v in values]
+                grads.append(tf.IndexedSlices(tf.ones([2, 2]), tf.constant([0, 0]), [3, 2]))
+            return ops.all_reduce_gradients(
+                [grads],
+                devices,
+                weights=None if weights is None else [tf.constant(w) for w in weights],
+                algorithm=counting,
+                bucket_bytes=bucket_bytes,
+                sparse="dense",
+            )
+
+        graph = reduce.get_concrete_function().graph
+        (reduced,) = reduce()
+        self.assertEqual(counting.calls, 0)
+        packed = [op.type for op in graph.get_operations() if op.type in ("ConcatV2", "Split")]
+        self.assertEqual(packed, [])
+        if weights is None:  # (a shard size's share is a tensor: x * 1 in float32)
+            casts = [op for op in graph.get_operations() if op.type == "Cast"]
+            self.assertEqual([op.name for op in casts], [])
+        np.testing.assert_array_equal(reduced[0], values[0])
+        self.assertEqual(reduced[1].dtype, tf.float16)
+        np.testing.assert_array_equal(reduced[1], values[1])
+        np.testing.assert_array_equal(reduced[2], [[2.0, 2.0], [0.0, 0.0], [0.0, 0.0]])
+
     def test_half_precision_gradients_keep_their_dtype(self):
         grads = [[tf.constant([60000.0], tf.float16)]] * 2
         reduced = ops.all_reduce_gradients(grads, test_util.devices(2), algorithm="ring")
