@@ -127,7 +127,8 @@ def all_reduce_gradients(
             elif alone:  # nothing to pack or send: a pass over every gradient saved
                 (dense,) = dense_column(list(column), devices, variable, wide=False)
                 one = isinstance(norm[0], float) and norm[0] == 1.0  # (else a tensor's share)
-                out[0][j] = dense if one else scale(dense, norm[0])
+                with tf.device(devices[0]):
+                    out[0][j] = _held_on(dense, devices[0]) if one else scale(dense, norm[0])
             else:
                 dense_columns.append((j, dense_column(list(column), devices, variable)))
         if dense_columns:
@@ -257,6 +258,15 @@ def _reduce_dense(
             summed = PackedSum(mine, spec, factor, dtypes, carry, crossed and (crossed, i))
             out.append(packed_gradients(summed, len(columns)))
     return out
+
+
+def _held_on(value: tf.Tensor, device: str) -> tf.Tensor:
+    """`value` itself where it was made on `device`, else a copy there (no op for nothing)."""
+    made, want = tf.DeviceSpec.from_string(value.device), tf.DeviceSpec.from_string(device)
+    fields = ("device_type", "device_index", "job", "replica", "task")
+    if value.device and all(getattr(want, f) in (None, getattr(made, f)) for f in fields):
+        return value
+    return tf.identity(value)
 
 
 def _summable(values: list[tf.Tensor], devices: list, algorithm: AllReduce) -> list[tf.Tensor]:

@@ -1,4 +1,4 @@
-"""The `K x N` tower-gradient structure: its entries, its checks, and `(gradient, variable)` pairs.
+"""The `K x N` tower-gradient structure: entries, checks, columns and `(gradient, variable)` pairs.
 
 Tower gradients are a list over K towers of lists over N variables, aligned with one variable
 list; each entry is a `tf.Tensor`, a `tf.IndexedSlices` or None.

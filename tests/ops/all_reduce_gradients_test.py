@@ -417,6 +417,19 @@ class AllReduceGradientsTest(tf.test.TestCase, parameterized.TestCase):
         np.testing.assert_array_equal(reduced[1], values[1])
         np.testing.assert_array_equal(reduced[2], [[2.0, 2.0], [0.0, 0.0], [0.0, 0.0]])
 
+    def test_one_towers_gradient_is_on_its_device_and_copied_only_from_elsewhere(self):
+        here, there = test_util.devices(2)
+        with tf.Graph().as_default():
+            with tf.device(here):
+                grads = [tf.constant([1.0, 2.0]), tf.constant([3.0])]
+            (kept,) = ops.all_reduce_gradients([grads], [here])
+            (moved,) = ops.all_reduce_gradients([grads], [there])
+        self.assertIs(kept[0], grads[0])
+        self.assertIs(kept[1], grads[1])
+        for value in moved:
+            self.assertEqual(test_util.local_device(value.device), test_util.local_device(there))
+            self.assertEqual(value.op.type, "Identity")
+
     def test_half_precision_gradients_keep_their_dtype(self):
         grads = [[tf.constant([60000.0], tf.float16)]] * 2
         reduced = ops.all_reduce_gradients(grads, test_util.devices(2), algorithm="ring")
