@@ -15,6 +15,14 @@ first version timed one program call per round: every variant came out at 0.23 m
 host's cost of a call, not the kernels'.)
 
     python3 .ci/gpu/check_bench.py  # on the device, after the kit; prints a row per variant
+    DTYPE=bfloat16 python3 .ci/gpu/check_bench.py  # the crossed check's own buckets
+
+With `DTYPE=bfloat16` the buckets are what each device checks at K = 2 under mixed precision
+(`towers.ops._crossed_flags`: its own bucket of bfloat16 gradients, each term passing when
+twice it is finite in float32): the check as it is, and cheaper forms of the same rule (the
+exponent field below 254, as integers; one verdict per block or per bucket). The trace at
+c3f2c20 (docs/benchmarks.md) saw that check take 0.2 ms per logical GPU of an H100, on the
+step's critical path: the copies to the other device waited for it.
 """
 
 import os
@@ -23,12 +31,15 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from towers.ops._crossed_flags import _doubled
 from towers.ops._finite import BLOCK, laid_flags
 
 D, LAYERS, VOCAB, SEQ = 768, 6, 50257, 512
 BUCKET = 64 * 2**20 // 4  # float32 values per 64 MiB bucket
 REPEAT = int(os.environ.get("REPEAT", "20"))
 EXPONENT = 0x7F800000  # float32's exponent field: all ones for Inf and NaN
+HALF_EXPONENT, TWICE_FINITE = 0x7F80, 0x7F00  # bfloat16's field; below 254: 2x fits float32
+DTYPE = tf.as_dtype(os.environ.get("DTYPE", "float32"))
 
 
 def gpt_sizes() -> list[int]:
@@ -82,12 +93,32 @@ VARIANTS = {
 }
 
 
+def twice_finite_bits(x: tf.Tensor) -> tf.Tensor:
+    """Per block of bfloat16 values: each one's double finite in float32, from its bits."""
+    bits = tf.cast(tf.bitcast(blocks(x), tf.uint16), tf.int32)
+    return tf.reduce_max(tf.bitwise.bitwise_and(bits, HALF_EXPONENT), 1) < TWICE_FINITE
+
+
+HALF_VARIANTS = {  # the crossed check's rule on its bfloat16 buckets
+    "crossed: laid_flags(2 x float32) (today)": lambda sizes, g: laid_flags(
+        [_doubled(x) for x in g], sizes
+    ),
+    "blocks, reduce_all(is_finite(2 x float32))": lambda sizes, g: [
+        tf.reduce_all(tf.math.is_finite(blocks(_doubled(x))), 1) for x in g
+    ],
+    "blocks, exponent bits below 254": lambda sizes, g: [twice_finite_bits(x) for x in g],
+    "whole, reduce_all(is_finite(2 x float32))": lambda sizes, g: [
+        tf.reduce_all(tf.math.is_finite(_doubled(x)))[None] for x in g
+    ],
+}
+
+
 def repeated(variant, sizes: list[list[int]]):
     """`variant` `REPEAT` times in one XLA program; returns the last round's flags."""
 
     def run(scale, *grads):
         def body(i, s, _):
-            flags = variant(sizes, [x * s for x in grads])
+            flags = variant(sizes, [x * tf.cast(s, x.dtype) for x in grads])
             return i + 1, s * 1.0000001, tf.concat([tf.reshape(f, [-1]) for f in flags], 0)
 
         first = tf.concat([tf.reshape(f, [-1]) for f in variant(sizes, list(grads))], 0)
@@ -124,25 +155,29 @@ def main() -> None:
     """Times each variant and checks that each finds a NaN and an Inf."""
     sizes = buckets_of(gpt_sizes())
     scale = tf.constant(1.0)
+    variants = HALF_VARIANTS if DTYPE == tf.bfloat16 else VARIANTS
     with tf.device("/gpu:0"):
-        grads = [tf.random.normal([sum(s)]) for s in sizes]
+        grads = [tf.cast(tf.random.normal([sum(s)]), DTYPE) for s in sizes]
         weights = [tf.random.normal([sum(s)]) for s in sizes]
-    total = sum(sum(s) for s in sizes) * 4
-    print(f"GPT gradients: {total / 1e6:.0f} MB in {len(sizes)} buckets, {REPEAT} rounds")
+    total = sum(sum(s) for s in sizes) * DTYPE.size
+    mb, kind = total / 1e6, DTYPE.name
+    print(f"GPT gradients: {mb:.0f} MB of {kind} in {len(sizes)} buckets, {REPEAT} rounds")
     with tf.device("/gpu:0"):
-        for name, variant in VARIANTS.items():
+        for name, variant in variants.items():
             seconds = timed(repeated(variant, sizes), scale, *grads)
             rate = total / seconds / 1e12
             print(f"{name:40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s", flush=True)
-        seconds = timed(sgd_pass(grads), scale, *weights)
-        rate = 3 * total / seconds / 1e12
+        seconds = timed(sgd_pass([tf.cast(g, tf.float32) for g in grads]), scale, *weights)
+        rate = 3 * total * 4 / DTYPE.size / seconds / 1e12
         print(f"{'SGD pass (3 x the bytes)':40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s")
-    for bad in (np.nan, np.inf):
-        spoiled = [g.numpy() for g in grads]
+    for bad in (np.nan, np.inf, 2e38):  # (2e38: finite, but twice it is not)
+        spoiled = [g.numpy().astype(np.float32) for g in grads]
         spoiled[1][12345] = bad
         with tf.device("/gpu:0"):
-            spoiled = [tf.constant(s) for s in spoiled]
-            for name, variant in VARIANTS.items():
+            spoiled = [tf.cast(tf.constant(s), DTYPE) for s in spoiled]
+            for name, variant in variants.items():
+                if bad == 2e38 and DTYPE != tf.bfloat16:
+                    continue  # (the float32 variants check finiteness alone)
                 flags = tf.function(lambda *g, v=variant: v(sizes, list(g)), jit_compile=True)(
                     *spoiled
                 )
