@@ -9,6 +9,7 @@ from towers.ops._all_reduce.terms import sends_values
 from towers.ops._autograph import library_code
 from towers.ops._collectives import collective_order
 from towers.ops._crossed_flags import Crossing, crossing
+from towers.ops._device_scope import holds
 from towers.ops._exact_widening import HALF, narrow_columns
 from towers.ops._gathered_slices import gathered_slices
 from towers.ops._packed_sum import PackedSum, packed_gradients
@@ -127,8 +128,12 @@ def all_reduce_gradients(
             elif alone:  # nothing to pack or send: a pass over every gradient saved
                 (dense,) = dense_column(list(column), devices, variable, wide=False)
                 one = isinstance(norm[0], float) and norm[0] == 1.0  # (else a tensor's share)
-                with tf.device(devices[0]):
-                    out[0][j] = _held_on(dense, devices[0]) if one else scale(dense, norm[0])
+                with tf.device(devices[0]):  # (a copy there only if made elsewhere)
+                    if not one:
+                        dense = scale(dense, norm[0])
+                    elif not holds(devices[0], dense.device):
+                        dense = tf.identity(dense)
+                out[0][j] = dense
             else:
                 dense_columns.append((j, dense_column(list(column), devices, variable)))
         if dense_columns:
@@ -258,15 +263,6 @@ def _reduce_dense(
             summed = PackedSum(mine, spec, factor, dtypes, carry, crossed and (crossed, i))
             out.append(packed_gradients(summed, len(columns)))
     return out
-
-
-def _held_on(value: tf.Tensor, device: str) -> tf.Tensor:
-    """`value` itself where it was made on `device`, else a copy there (no op for nothing)."""
-    made, want = tf.DeviceSpec.from_string(value.device), tf.DeviceSpec.from_string(device)
-    fields = ("device_type", "device_index", "job", "replica", "task")
-    if value.device and all(getattr(want, f) in (None, getattr(made, f)) for f in fields):
-        return value
-    return tf.identity(value)
 
 
 def _summable(values: list[tf.Tensor], devices: list, algorithm: AllReduce) -> list[tf.Tensor]:

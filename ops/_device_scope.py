@@ -1,4 +1,7 @@
-"""Device scopes: one that keeps the caller's when no device is given, one for host-only ops."""
+"""Device scopes, and whether a placement is on a device.
+
+One scope keeps the caller's when no device is given; one is for host-only ops.
+"""
 
 import contextlib
 
@@ -27,3 +30,15 @@ def host_scope() -> contextlib.AbstractContextManager:
     `tf.config.set_soft_device_placement(False)`).
     """
     return tf.device("/device:CPU:0")
+
+
+def holds(device: str, placed: str) -> bool:
+    """Whether something placed on `placed` lives on `device` (which may omit the job).
+
+    The same device type and index; job, replica and task the same where `device` names them.
+    Unplaced ("") is on no device.
+    """
+    want, got = tf.DeviceSpec.from_string(device), tf.DeviceSpec.from_string(placed)
+    return (want.device_type, want.device_index) == (got.device_type, got.device_index) and all(
+        getattr(want, part) in (None, getattr(got, part)) for part in ("job", "replica", "task")
+    )

@@ -57,7 +57,7 @@ from towers.ops._collectives import (
     reduce_on,
     trace_count,
 )
-from towers.ops._device_scope import device_scope, host_scope
+from towers.ops._device_scope import device_scope, holds, host_scope
 from towers.ops._exact_widening import HALF, narrow_form
 from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
@@ -97,6 +97,7 @@ __all__ = [
     "gather_from_owners",
     "graph_state",
     "has_kernel",
+    "holds",
     "host_scope",
     "in_programs",
     "library_code",

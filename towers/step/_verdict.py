@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from towers.core import canonical_device
-from towers.ops.internal import device_scope, finite_flags, in_programs, library_code
+from towers.ops.internal import device_scope, finite_flags, holds, in_programs, library_code
 from towers.variables import canonical_name
 
 
@@ -142,21 +142,13 @@ def judgeable(
     return (
         _judged_locally(per_copy, devices, elsewhere, least=1)
         and all(
-            _holds(device, var.device)
+            holds(device, var.device)
             for copy_variables, device in zip(variables, devices)
             for var in copy_variables
         )
         # One update program per copy: the update groups variables by their device's name,
         # which a v1 graph keeps as written ("/job:localhost/device:CPU:0" or "/device:CPU:0").
         and all(len({var.device for var in copy_variables}) == 1 for copy_variables in variables)
-    )
-
-
-def _holds(device: str, placed: str) -> bool:
-    """Whether a variable placed on `placed` lives on `device` (which may omit the job)."""
-    want, got = tf.DeviceSpec.from_string(device), tf.DeviceSpec.from_string(placed)
-    return (want.device_type, want.device_index) == (got.device_type, got.device_index) and all(
-        getattr(want, part) in (None, getattr(got, part)) for part in ("job", "replica", "task")
     )
 
 
