@@ -130,6 +130,52 @@ def repeated(variant, sizes: list[list[int]]):
     return tf.function(run, jit_compile=True, autograph=False)
 
 
+def packed(check, sizes: list[list[int]]):
+    """A GPT's bfloat16 gradients packed `REPEAT` times in one program, and checked by `check`.
+
+    `check`: a variant run on each round's buckets (None: the packing alone).
+
+    The buckets are the loop's state, so each round writes them whole: the difference
+    between a check's row and the packing's alone is what the check adds where it is fused
+    into the program that packs (`towers.ops._packing.pack` is TensorFlow's ConcatV2 today).
+    """
+
+    def buckets(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        at, out = 0, []
+        for counts in sizes:
+            out.append(tf.concat(tensors[at : at + len(counts)], 0))
+            at += len(counts)
+        return out
+
+    def flags_of(out: list[tf.Tensor]) -> tf.Tensor:
+        if check is None:
+            return tf.zeros([0], tf.bool)
+        return tf.concat([tf.reshape(f, [-1]) for f in check(sizes, out)], 0)
+
+    def run(scale, *tensors):
+        def body(i, s, _, __):
+            out = buckets([t * tf.cast(s, t.dtype) for t in tensors])
+            return i + 1, s * 1.0000001, out, flags_of(out)
+
+        first = buckets(list(tensors))  # (from the arguments: nothing for XLA to fold)
+        flags = flags_of(first)
+        out = tf.while_loop(
+            lambda i, s, b, f: i < REPEAT, body, (tf.constant(0), scale, first, flags)
+        )
+        return out[2], out[3]
+
+    return tf.function(run, jit_compile=True, autograph=False)
+
+
+PACKED = {  # (bfloat16 only) the check fused where the buckets are packed
+    "pack alone (XLA concatenate)": None,
+    "pack + laid_flags(2 x float32) (today's rule)": HALF_VARIANTS[
+        "crossed: laid_flags(2 x float32) (today)"
+    ],
+    "pack + blocks, exponent bits below 254": HALF_VARIANTS["blocks, exponent bits below 254"],
+}
+
+
 def sgd_pass(grads: list[tf.Tensor]):
     """An SGD step over the same bytes, `REPEAT` times in one program (weights as tensors)."""
 
@@ -167,6 +213,12 @@ def main() -> None:
             seconds = timed(repeated(variant, sizes), scale, *grads)
             rate = total / seconds / 1e12
             print(f"{name:40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s", flush=True)
+        if DTYPE == tf.bfloat16:
+            tensors = [tf.cast(tf.random.normal([n]), DTYPE) for n in gpt_sizes()]
+            for name, check in PACKED.items():
+                seconds = timed(packed(check, sizes), scale, *tensors)
+                rate = 2 * total / seconds / 1e12
+                print(f"{name:40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s (2 x)", flush=True)
         seconds = timed(sgd_pass([tf.cast(g, tf.float32) for g in grads]), scale, *weights)
         rate = 3 * total * 4 / DTYPE.size / seconds / 1e12
         print(f"{'SGD pass (3 x the bytes)':40s} {seconds * 1e3:7.3f} ms  {rate:5.2f} TB/s")
