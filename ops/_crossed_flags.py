@@ -93,6 +93,32 @@ class Crossing:
         None for a bucket whose sum is checked itself. The first call builds each device's
         check of its own buckets (one XLA program per device).
         """
+        made = self._built()
+        if i not in self._sent:
+            mine: list[list[tf.Tensor] | None] = [None] * len(self.spec.buckets)
+            with tf.device(self.devices[i]):
+                for n, b in enumerate(self.chosen):
+                    mine[b] = [
+                        flags[n] if j == i else tf.identity(flags[n])
+                        for j, flags in enumerate(made)
+                    ]
+            self._sent[i] = mine
+        return self._sent[i]
+
+    def flags_made(self) -> list[list[tf.Tensor] | None]:
+        """As `flags_on`, each term's flags where its device made them (nothing crosses).
+
+        For a reader beside the devices (the host's check of "raise"): the same booleans
+        each update reads, before the buckets reach it.
+        """
+        made = self._built()
+        out: list[list[tf.Tensor] | None] = [None] * len(self.spec.buckets)
+        for n, b in enumerate(self.chosen):
+            out[b] = [flags[n] for flags in made]
+        return out
+
+    def _built(self) -> list:
+        """Each device's flags of its chosen buckets, its check built on the first call."""
         if self._made is None:  # each device checks its own buckets, in one program
             every = self.spec.sizes
             sizes = [every[b] for b in self.chosen]
@@ -105,16 +131,7 @@ class Crossing:
             for buckets, device in zip(self.packed, self.devices):
                 with tf.device(device), tf.name_scope("crossed_flags"):
                     self._made.append(program([buckets[b] for b in self.chosen]))
-        if i not in self._sent:
-            mine: list[list[tf.Tensor] | None] = [None] * len(self.spec.buckets)
-            with tf.device(self.devices[i]):
-                for n, b in enumerate(self.chosen):
-                    mine[b] = [
-                        flags[n] if j == i else tf.identity(flags[n])
-                        for j, flags in enumerate(self._made)
-                    ]
-            self._sent[i] = mine
-        return self._sent[i]
+        return self._made
 
 
 def _doubled(bucket: tf.Tensor) -> tf.Tensor:

@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from towers.ops._all_reduce.gather_add import added
 from towers.ops._finite import LAID_LIMIT, laid_flags, laid_pairs
 from towers.ops._packing import PackSpec, unpack
@@ -100,15 +102,48 @@ class PackedSum:
         crossed = list(crossed) or [None] * len(summed)
         read = [b for b, given in enumerate(crossed) if given is None]
         laid = dict(zip(read, laid_flags([summed[b] for b in read], [sizes[b] for b in read])))
+        return self._by_gradient(crossed, laid)
+
+    def flags_where_made(self) -> tuple[tf.Tensor, dict[int, int]] | None:
+        """`flags` as one vector, from the terms' flags where each device made them.
+
+        The same booleans as `flags` in a program that reads `crossed_flags()`, built in
+        the caller's scope (for the host's check, before the buckets have crossed): each
+        bucket's terms' flags combined, the buckets' laid end to end.
+
+        Returns:
+          `(flags, at)`: the vector, and each gradient's position in it (as `flags` has
+          them); or None where some bucket's sum is read instead.
+        """
+        if self.crossed is None:
+            return None
+        made = self.crossed[0].flags_made()
+        if any(given is None for given in made):
+            return None
+        vectors = [tf.reduce_all(tf.stack(given), 0) for given in made]
+        starts = np.cumsum([0] + [len(members) for members in self.spec.buckets])
+        at = {i: int(starts[b]) + j for i, (b, j) in self._placed().items()}
+        return (tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]), at
+
+    def _by_gradient(self, crossed: Sequence, laid: dict) -> dict[int, tf.Tensor]:
+        """Each gradient's flag: its bucket's (its terms' flags, or `laid[b]`) at its place."""
         per_bucket = [
             laid[b] if given is None else tf.reduce_all(tf.stack(given), 0)
             for b, given in enumerate(crossed)
         ]
+        return {i: per_bucket[b][j] for i, (b, j) in self._placed().items()}
+
+    def _placed(self) -> dict[int, tuple[int, int]]:
+        """Gradient index -> (bucket, place in it), where the gradient's dtype is the sum's.
+
+        (Where it is not, the cast back may overflow: see `flags`.)
+        """
         found = {}
-        for members, bucket, flags in zip(self.spec.buckets, summed, per_bucket):
+        for b, members in enumerate(self.spec.buckets):
+            summed_dtype = accumulation_dtype(self.terms[b][0].dtype)
             for j, i in enumerate(members):
-                if i < len(self.dtypes) and self.dtypes[i] == bucket.dtype:
-                    found[i] = flags[j]
+                if i < len(self.dtypes) and self.dtypes[i] == summed_dtype:
+                    found[i] = (b, j)
         return found
 
 
@@ -174,3 +209,29 @@ def packed_arguments(
 
     crossed = {key: sums[key].crossed_flags() if checked else [] for key in order}
     return given, [(sums[key].terms, crossed[key]) for key in order], rebuilt
+
+
+def flags_where_made(grads: Sequence[object]) -> tf.Tensor | None:
+    """`grads`' all-finite flags as a program judging them has them, or None.
+
+    For gradients all of `PackedSum`s whose every bucket's terms were checked where they
+    were made (`PackedSum.flags_where_made`): one vector, built in the caller's scope from
+    those flags. None where some gradient's flag needs its sum read.
+    """
+    sums, where = {}, []
+    for grad in grads:
+        origin = packed_origin(grad)
+        if origin is None or origin[0].crossed is None:
+            return None
+        sums.setdefault(id(origin[0]), origin[0])
+        where.append((id(origin[0]), origin[1]))
+    made = {key: packed.flags_where_made() for key, packed in sums.items()}
+    if any(m is None for m in made.values()) or any(i not in made[k][1] for k, i in where):
+        return None
+    vectors, starts = [], {}
+    for key, (vector, _) in made.items():
+        starts[key] = sum(int(v.shape[0]) for v in vectors)
+        vectors.append(vector)
+    positions = [starts[key] + made[key][1][index] for key, index in where]
+    flat = tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]
+    return flat if positions == list(range(int(flat.shape[0]))) else tf.gather(flat, positions)

@@ -20,7 +20,9 @@ training program needs none of it. It is the one door through which `towers` rea
 - Gradients: `densified` (an `IndexedSlices` made dense), `deduplicated` (its rows made
   unique), `check_bucket_bytes`, `packed_arguments` (all-reduced gradients as the terms a
   compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`, with the flags
-  each device made of the buckets it sent, `towers.ops._crossed_flags`), `narrow_form`
+  each device made of the buckets it sent, `towers.ops._crossed_flags`; and
+  `flags_where_made`, those flags combined where they were made, for the host's check),
+  `narrow_form`
   and `HALF` (float32 gradients that are exactly half-precision ones, which exchanges of two
   towers send narrow: `towers.ops._exact_widening`), and `sparse_mode` (`Replicated`'s
   "auto" for `tf.IndexedSlices`: dense on logical GPUs of one GPU, gathered elsewhere).
@@ -63,7 +65,7 @@ from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
 from towers.ops._ownership import owners_by_bytes
-from towers.ops._packed_sum import packed_arguments
+from towers.ops._packed_sum import flags_where_made, packed_arguments
 from towers.ops._packing import check_bucket_bytes
 from towers.ops._programs import in_programs
 from towers.ops._selected import selected
@@ -97,6 +99,7 @@ __all__ = [
     "gather_from_owners",
     "graph_state",
     "has_kernel",
+    "flags_where_made",
     "holds",
     "host_scope",
     "in_programs",

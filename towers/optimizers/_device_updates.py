@@ -20,6 +20,7 @@ from towers.ops.internal import (
     densified,
     device_scope,
     finite_flags,
+    flags_where_made,
     in_programs,
     packed_arguments,
     selected,
@@ -39,11 +40,17 @@ class Judged:
       finite: The verdict, a boolean scalar on the copy's device.
       flags: Each gradient's flag, in order, then the rate's (when checked).
       rate_checked: Whether the last flag is the learning rate's.
+      before: Builds `flags` again in the caller's scope from what the program reads
+        (each gradient's flags that crossed with its bucket's terms, and the rate), for a
+        check that must not wait for the program (the host's, for "raise"): the same
+        booleans by the same ops. It returns None where some gradient is checked inside
+        the program.
     """
 
     finite: tf.Tensor | None = None
     flags: tf.Tensor | None = None
     rate_checked: bool = False
+    before: Callable[[], tf.Tensor | None] | None = None
 
 
 def copy_updates(
@@ -77,6 +84,7 @@ def copy_updates(
                 judged.rate_checked = lr is not None
                 program = _program(optimizer, items, judged=True)
                 ran, judged.finite, judged.flags = program(lr, done, None)
+                judged.before = _flags_before([grad for grad, _, _ in items], lr)
                 updates.append(ran)
                 finite = judged.finite
                 continue
@@ -93,6 +101,27 @@ def copy_updates(
     with tf.device(counter.device), tf.control_dependencies(update_ops(updates)):
         one = tf.constant(1, tf.int64) if finite is None else tf.cast(finite, tf.int64)
         return [*updates, counter.assign_add(one)]
+
+
+def _flags_before(grads: list, lr: tf.Tensor | None) -> Callable[[], tf.Tensor | None]:
+    """A `Judged`'s `before`: its program's flags from the flags the devices made.
+
+    The program stacks each gradient's flag, then the rate's `is_finite` (`compiled_update`);
+    this builds the same from each gradient's flags combined where they were made
+    (`flags_where_made`), in the caller's scope, or returns None (building nothing).
+    """
+
+    def built() -> tf.Tensor | None:
+        if not grads or any(isinstance(g, tf.IndexedSlices) for g in grads):
+            return None
+        flags = flags_where_made(grads)
+        if flags is None:
+            return None
+        if lr is not None:
+            flags = tf.concat([flags, tf.reshape(tf.math.is_finite(lr), [1])], 0)
+        return flags
+
+    return built
 
 
 def by_device(group: list) -> dict[str, list]:

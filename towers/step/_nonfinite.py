@@ -18,8 +18,12 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
 - "raise": the same, and then the call fails with an error naming the variables whose
   gradients were not finite (by their checkpoint names, the first first). The error is an
   `Assert` on the host built after every update of the step, so it surfaces in the same call
-  (a `tf.function`'s call, a v1 `Session.run` of the loss or the updates), once the updates
-  have written their old values back.
+  (a `tf.function`'s call, a v1 `Session.run` of the loss or the updates), once every update
+  has been issued. It reads the verdict's flags; where those are made before the updates
+  (checks beside the exchange: `_crossed_flags`' and local verdicts' programs) the call
+  does not wait for a GPU to run the updates, which write the old values back behind it
+  (whatever reads the variables next runs after them); where an update program makes them,
+  the call waits for that program.
 - None: no check.
 """
 
@@ -186,7 +190,10 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
     """For "raise": the host check that fails the call, built after the updates `after`.
 
     The updates never wait for it (they write their old values back on their own); it waits
-    for them, so that a failing step has finished writing nothing new when it fails.
+    for them to be issued, so that a failing step has nothing of its own left to run on the
+    host (no transfer to cut) and nothing new to write when it fails. Its condition is the
+    conjunction of the verdict's flags (every verdict is theirs), read where they are made:
+    no other value has to reach the host.
 
     Args:
       verdict: What the check reads.
@@ -202,10 +209,10 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
     if verdict.mode != "raise" or not verdict.flags:
         return []
     with host_scope(), tf.control_dependencies(update_ops(after)):
-        finite = verdict.finite
+        flags = tf.concat([tf.reshape(f, [-1]) for f in verdict.flags], 0)
+        finite = tf.reduce_all(flags)  # (every verdict is its flags' conjunction)
         if call is not None:
             finite = tf.logical_or(finite, tf.logical_not(call))
-        flags = tf.concat([tf.reshape(f, [-1]) for f in verdict.flags], 0)
         flags = tf.gather(flags, list(verdict.ranked))
         names = tf.constant([verdict.names[i] for i in verdict.ranked])
         bad, _ = tf.unique(tf.gather(names, tf.where(tf.logical_not(flags))[:, 0]))

@@ -11,7 +11,14 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from towers.core import canonical_device
-from towers.ops.internal import device_scope, finite_flags, holds, in_programs, library_code
+from towers.ops.internal import (
+    device_scope,
+    finite_flags,
+    holds,
+    host_scope,
+    in_programs,
+    library_code,
+)
 from towers.variables import canonical_name
 
 
@@ -162,7 +169,10 @@ def judged(
 ) -> Verdict:
     """The verdict the copies' update programs decided (their `Judged`, filled in).
 
-    Each copy's writes read its own; the error's flags and names are the first copy's.
+    Each copy's writes read its own; the error's flags and names are the first copy's. For
+    "raise", where the first program's flags can be built from what it reads (`Judged.before`:
+    the flags that crossed with the buckets, made before the exchange), they are built on
+    the host, so that its check need not wait for the program to run.
     """
     first = copies[0]
     checked = [
@@ -171,7 +181,12 @@ def judged(
     names = _names(checked, names_of) + (["the learning rate"] if first.rate_checked else [])
     finite = tuple(copy.finite for copy in copies)
     ranked = tuple(range(len(names)))
-    return Verdict(finite[0], mode, (first.flags,), tuple(names), ranked, finite, tuple(devices))
+    flags = None
+    if mode == "raise" and first.before is not None:
+        with host_scope():
+            flags = first.before()
+    flags = first.flags if flags is None else flags
+    return Verdict(finite[0], mode, (flags,), tuple(names), ranked, finite, tuple(devices))
 
 
 def _judged_locally(

@@ -35,6 +35,17 @@ def _batch(seed):
     return np.random.default_rng(seed).normal(size=(4, SIZE)).astype(np.float32) * 0.01
 
 
+def _data_ancestors(op: tf.Operation) -> set[tf.Operation]:
+    """Every op whose value `op` reads, through its inputs (not its control inputs)."""
+    seen, todo = set(), [op]
+    while todo:
+        for before in [t.op for t in todo.pop().inputs]:
+            if before not in seen:
+                seen.add(before)
+                todo.append(before)
+    return seen
+
+
 def _calls(graph: tf.Graph, program: str) -> list[tf.Operation]:
     """The call ops of compiled programs named `program` in a step's graph."""
     return [
@@ -98,6 +109,50 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         for call in updates:
             self.assertEqual(test_util.ancestors(call) & checks, checks, call.name)
         nonfinite_test.assert_no_write_waits_for_the_host(self, graph)
+
+    def test_raise_reads_the_flags_made_before_the_exchange_not_the_updates_results(self):
+        """"raise"'s check on the host reads only values made before the exchange: both
+        devices' flags of their buckets, none of an update program's results. So it waits
+        for the updates to be issued (its control inputs), not for them to run: on a GPU
+        the step returns without waiting for its updates (the loss is on the host already).
+        Without crossed flags (a ring) it reads what the update programs decided."""
+        _, step = self._step("raise")
+        graph = step.get_concrete_function(_batch(0)).graph
+        (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+        self.assertEqual(tf.DeviceSpec.from_string(check.device).device_type, "CPU")
+        updates, checks = set(_calls(graph, "update")), set(_calls(graph, "crossed_flags"))
+        self.assertLen(updates, 2)
+        self.assertEqual(_data_ancestors(check) & (updates | checks), checks)
+        self.assertEqual(test_util.ancestors(check) & updates, updates)  # after them
+        _, ring = self._step("raise", "ring")
+        graph = ring.get_concrete_function(_batch(0)).graph
+        (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+        self.assertNotEmpty(_data_ancestors(check) & set(_calls(graph, "update")))
+
+    @parameterized.parameters("first", "second")
+    def test_a_nan_step_raises_naming_its_weight_and_changes_nothing(self, tower):
+        """A NaN in either tower's examples under "raise": the error names both weights
+        (the NaN reaches the loss's derivative, so every gradient of that tower), in the
+        variables' order, and neither copy changed; the next finite step equals the
+        hand-written whole-batch step's."""
+        reference = _Linear()
+        by_hand = test_util.reference_step(reference, _loss(reference), 0.1)
+        model, step = self._step("raise")
+        step(_batch(0))
+        by_hand(_batch(0))
+        before = self._weights(model)
+        poisoned = _batch(9)
+        poisoned[0 if tower == "first" else 3, 7] = np.nan
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[b w\] "):
+            step(poisoned)
+        for copy_before, copy_after in zip(before, self._weights(model)):
+            for want, got in zip(copy_before, copy_after):
+                np.testing.assert_array_equal(got, want)
+        step(_batch(1))
+        by_hand(_batch(1))
+        for replica in model.replicas:
+            for got, want in zip(replica.variables, reference.variables):
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
     def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
         """A NaN in the second tower's examples: both copies skip the step (the first copy
