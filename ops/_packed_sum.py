@@ -107,23 +107,26 @@ class PackedSum:
     def flags_where_made(self) -> tuple[tf.Tensor, dict[int, int]] | None:
         """`flags` as one vector, from the terms' flags where each device made them.
 
-        The same booleans as `flags` in a program that reads `crossed_flags()`, built in
+        The same booleans as `flags` in a program that reads `crossed_flags()`, computed in
         the caller's scope (for the host's check, before the buckets have crossed): each
-        bucket's terms' flags combined, the buckets' laid end to end.
+        bucket's terms' flags combined, the buckets laid end to end.
 
         Returns:
           `(flags, at)`: the vector, and each gradient's position in it (as `flags` has
-          them); or None where some bucket's sum is read instead.
+          them); or None (nothing built) where some bucket's sum is read instead.
         """
-        if self.crossed is None:
+        at = self._places_where_made()
+        if at is None:
             return None
-        made = self.crossed[0].flags_made()
-        if any(given is None for given in made):
-            return None
-        vectors = [tf.reduce_all(tf.stack(given), 0) for given in made]
-        starts = np.cumsum([0] + [len(members) for members in self.spec.buckets])
-        at = {i: int(starts[b]) + j for i, (b, j) in self._placed().items()}
+        vectors = [tf.reduce_all(tf.stack(given), 0) for given in self.crossed[0].flags_made()]
         return (tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]), at
+
+    def _places_where_made(self) -> dict[int, int] | None:
+        """Each gradient's position in `flags_where_made`'s vector, or None (see there)."""
+        if self.crossed is None or len(self.crossed[0].chosen) < len(self.spec.buckets):
+            return None
+        starts = np.cumsum([0] + [len(members) for members in self.spec.buckets])
+        return {i: int(starts[b]) + j for i, (b, j) in self._placed().items()}
 
     def _by_gradient(self, crossed: Sequence, laid: dict) -> dict[int, tf.Tensor]:
         """Each gradient's flag: its bucket's (its terms' flags, or `laid[b]`) at its place."""
@@ -215,23 +218,24 @@ def flags_where_made(grads: Sequence[object]) -> tf.Tensor | None:
     """`grads`' all-finite flags as a program judging them has them, or None.
 
     For gradients all of `PackedSum`s whose every bucket's terms were checked where they
-    were made (`PackedSum.flags_where_made`): one vector, built in the caller's scope from
-    those flags. None where some gradient's flag needs its sum read.
+    were made (`PackedSum.flags_where_made`): one vector, computed in the caller's scope
+    from those flags. None, with nothing built, where some gradient's flag needs its sum
+    read.
     """
     sums, where = {}, []
     for grad in grads:
         origin = packed_origin(grad)
-        if origin is None or origin[0].crossed is None:
+        if origin is None:
             return None
         sums.setdefault(id(origin[0]), origin[0])
         where.append((id(origin[0]), origin[1]))
-    made = {key: packed.flags_where_made() for key, packed in sums.items()}
-    if any(m is None for m in made.values()) or any(i not in made[k][1] for k, i in where):
+    places = {key: packed._places_where_made() for key, packed in sums.items()}
+    if any(at is None for at in places.values()) or any(i not in places[k] for k, i in where):
         return None
     vectors, starts = [], {}
-    for key, (vector, _) in made.items():
+    for key, packed in sums.items():
         starts[key] = sum(int(v.shape[0]) for v in vectors)
-        vectors.append(vector)
-    positions = [starts[key] + made[key][1][index] for key, index in where]
+        vectors.append(packed.flags_where_made()[0])
+    positions = [starts[key] + places[key][index] for key, index in where]
     flat = tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]
     return flat if positions == list(range(int(flat.shape[0]))) else tf.gather(flat, positions)

@@ -40,11 +40,11 @@ class Judged:
       finite: The verdict, a boolean scalar on the copy's device.
       flags: Each gradient's flag, in order, then the rate's (when checked).
       rate_checked: Whether the last flag is the learning rate's.
-      before: Builds `flags` again in the caller's scope from what the program reads
+      before: Computes `flags` again in the caller's scope from what the program reads
         (each gradient's flags that crossed with its bucket's terms, and the rate), for a
-        check that must not wait for the program (the host's, for "raise"): the same
-        booleans by the same ops. It returns None where some gradient is checked inside
-        the program.
+        check that need not wait for the program (the host's, for "raise"): the same
+        booleans by the same computation. It returns None, building nothing, where some
+        gradient is checked inside the program.
     """
 
     finite: tf.Tensor | None = None

@@ -170,9 +170,11 @@ def judged(
     """The verdict the copies' update programs decided (their `Judged`, filled in).
 
     Each copy's writes read its own; the error's flags and names are the first copy's. For
-    "raise", where the first program's flags can be built from what it reads (`Judged.before`:
-    the flags that crossed with the buckets, made before the exchange), they are built on
-    the host, so that its check need not wait for the program to run.
+    "raise", where the first program's flags can be computed from what it reads
+    (`Judged.before`: the flags that crossed with the buckets, made before the exchange),
+    they are computed on the host, so that its check need not wait for the program to run.
+    The first copy's suffice: every copy combines the same flags (each device's of its own
+    buckets) with a rate of the same value.
     """
     first = copies[0]
     checked = [

@@ -5,13 +5,17 @@ reads only the device's own bucket, in a program of its own, and the flags cross
 buckets (`towers.ops._crossed_flags`). A term passes when twice it is finite.
 """
 
+from unittest import mock
+
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
 import towers
+import towers.step._nonfinite
 from tests import test_util
 from tests.towers.step import nonfinite_test
+from towers import ops
 
 SIZE = 3000  # one and a half blocks of `towers.ops._finite.BLOCK`: a shared block too
 HUGE = 2e38  # above half of float32's largest (3.4e38): two of them overflow
@@ -111,7 +115,7 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         nonfinite_test.assert_no_write_waits_for_the_host(self, graph)
 
     def test_raise_reads_the_flags_made_before_the_exchange_not_the_updates_results(self):
-        """"raise"'s check on the host reads only values made before the exchange: both
+        """ "raise"'s check on the host reads only values made before the exchange: both
         devices' flags of their buckets, none of an update program's results. So it waits
         for the updates to be issued (its control inputs), not for them to run: on a GPU
         the step returns without waiting for its updates (the loss is on the host already).
@@ -128,6 +132,87 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         graph = ring.get_concrete_function(_batch(0)).graph
         (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
         self.assertNotEmpty(_data_ancestors(check) & set(_calls(graph, "update")))
+
+    def test_the_hosts_flags_are_those_each_update_program_decides_from(self):
+        """What "raise"'s host check reads (`Judged.before`) equals, flag for flag, what the
+        first copy's update program decides from: gradients given in another order than
+        packed, from two all-reduces (two packed sums), in many buckets, one crossing
+        narrow (a bfloat16 one widened), and the rate. Finite; a NaN or Inf in one tower;
+        2e38 in both (the sum overflows); the rate gone NaN. With the second all-reduce a
+        ring (its sums made before the update, so checked in the program): no flags from
+        the host's side, and nothing built for them."""
+        self._compare_host_and_program_flags("gather_add")
+        self._compare_host_and_program_flags("ring")
+
+    def _compare_host_and_program_flags(self, second):
+        devices = test_util.devices(2)
+        shapes = [[3000], [5], [700], [2, 600], [1]]
+        copies = []
+        for device in devices:
+            with tf.device(device):
+                copies.append(
+                    [tf.Variable(tf.zeros(s), name=f"v{j}") for j, s in enumerate(shapes)]
+                )
+        rate = tf.Variable(0.1)  # (a variable: checked with the gradients)
+        optimizer = towers.SGD(rate)
+        order = [4, 2, 0, 3, 1]
+        seen = []
+
+        def recorded(judged_copies, *args, **kwargs):
+            first, graph = judged_copies[0], tf.compat.v1.get_default_graph()
+            built = len(graph.get_operations())
+            with ops.internal.host_scope():
+                host = first.before()
+            seen.append((first.flags, host, len(graph.get_operations()) - built))
+            return judged(judged_copies, *args, **kwargs)
+
+        judged = towers.step._nonfinite.judged
+
+        @tf.function
+        def step(grads):
+            towers_grads = []
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    mine = [tf.identity(g[i]) for g in grads]
+                    mine[2] = tf.cast(tf.cast(mine[2], tf.bfloat16), tf.float32)  # narrow
+                    towers_grads.append(mine)
+            reduced = [[None] * len(shapes) for _ in devices]
+            for group, algorithm in (([0, 1, 2], "gather_add"), ([3, 4], second)):
+                out = ops.all_reduce_gradients(
+                    [[g[j] for j in group] for g in towers_grads], devices,
+                    algorithm=algorithm, bucket_bytes=4096,
+                )  # fmt: skip
+                for i in range(len(devices)):
+                    for j, grad in zip(group, out[i]):
+                        reduced[i][j] = grad
+            copies_reduced = [
+                towers.ReducedGradients([r[j] for j in order], [c[j] for j in order], d)
+                for r, c, d in zip(reduced, copies, devices)
+            ]
+            with mock.patch.object(towers.step._nonfinite, "judged", recorded):
+                updates = towers.apply_reduced(
+                    copies_reduced, optimizer, nonfinite="skip", jit_compile=True
+                )
+            program, host, built = seen[-1]
+            if second != "gather_add":
+                self.assertIsNone(host)
+                self.assertEqual(built, 0)
+                host = program
+            with tf.control_dependencies(updates):
+                return tf.identity(program), tf.identity(host)
+
+        rng = np.random.default_rng(0)
+        for tower, j, value in [(0, 0, 0.0), (0, 0, np.nan), (1, 2, np.inf), (0, 3, 2e38)]:
+            grads = [(rng.normal(size=[2, *s]) * 0.01).astype(np.float32) for s in shapes]
+            grads[j][(tower,) + (1,) * len(shapes[j])] = value
+            if value == 2e38:
+                grads[j][(1,) + (1,) * len(shapes[j])] = value  # both towers: the sum overflows
+            for bad_rate in (False, True):
+                rate.assign(np.nan if bad_rate else 0.1)
+                program, host = step(grads)
+                self.assertAllEqual(host, program, (tower, j, value, bad_rate))
+                finite = value == 0.0 and not bad_rate
+                self.assertEqual(bool(np.all(program)), finite, (tower, j, value, bad_rate))
 
     @parameterized.parameters("first", "second")
     def test_a_nan_step_raises_naming_its_weight_and_changes_nothing(self, tower):
