@@ -104,22 +104,19 @@ class PackedSum:
         laid = dict(zip(read, laid_flags([summed[b] for b in read], [sizes[b] for b in read])))
         return self._by_gradient(crossed, laid)
 
-    def flags_where_made(self) -> tuple[tf.Tensor, dict[int, int]] | None:
+    def flags_where_made(self) -> tf.Tensor | None:
         """`flags` as one vector, from the terms' flags where each device made them.
 
         The same booleans as `flags` in a program that reads `crossed_flags()`, computed in
         the caller's scope (for the host's check, before the buckets have crossed): each
-        bucket's terms' flags combined, the buckets laid end to end.
-
-        Returns:
-          `(flags, at)`: the vector, and each gradient's position in it (as `flags` has
-          them); or None (nothing built) where some bucket's sum is read instead.
+        bucket's terms' flags combined, the buckets laid end to end (each gradient's
+        position: `_places_where_made`). None, with nothing built, where some bucket's sum
+        is read instead.
         """
-        at = self._places_where_made()
-        if at is None:
+        if self._places_where_made() is None:
             return None
         vectors = [tf.reduce_all(tf.stack(given), 0) for given in self.crossed[0].flags_made()]
-        return (tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]), at
+        return tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]
 
     def _places_where_made(self) -> dict[int, int] | None:
         """Each gradient's position in `flags_where_made`'s vector, or None (see there)."""
@@ -224,18 +221,20 @@ def flags_where_made(grads: Sequence[object]) -> tf.Tensor | None:
     """
     sums, where = {}, []
     for grad in grads:
-        origin = packed_origin(grad)
+        origin = packed_origin(grad)  # (None for slices and gradients not all-reduced here)
         if origin is None:
             return None
         sums.setdefault(id(origin[0]), origin[0])
         where.append((id(origin[0]), origin[1]))
     places = {key: packed._places_where_made() for key, packed in sums.items()}
-    if any(at is None for at in places.values()) or any(i not in places[k] for k, i in where):
+    if not where or any(at is None for at in places.values()):
+        return None
+    if any(i not in places[key] for key, i in where):
         return None
     vectors, starts = [], {}
     for key, packed in sums.items():
         starts[key] = sum(int(v.shape[0]) for v in vectors)
-        vectors.append(packed.flags_where_made()[0])
+        vectors.append(packed.flags_where_made())
     positions = [starts[key] + places[key][index] for key, index in where]
     flat = tf.concat(vectors, 0) if len(vectors) > 1 else vectors[0]
     return flat if positions == list(range(int(flat.shape[0]))) else tf.gather(flat, positions)

@@ -112,14 +112,10 @@ def _flags_before(grads: list, lr: tf.Tensor | None) -> Callable[[], tf.Tensor |
     """
 
     def built() -> tf.Tensor | None:
-        if not grads or any(isinstance(g, tf.IndexedSlices) for g in grads):
-            return None
         flags = flags_where_made(grads)
-        if flags is None:
-            return None
-        if lr is not None:
-            flags = tf.concat([flags, tf.reshape(tf.math.is_finite(lr), [1])], 0)
-        return flags
+        if flags is None or lr is None:
+            return flags
+        return tf.concat([flags, tf.reshape(tf.math.is_finite(lr), [1])], 0)
 
     return built
 
