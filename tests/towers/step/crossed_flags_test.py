@@ -79,6 +79,18 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
     def _weights(self, model):
         return [[v.numpy() for v in replica.variables] for replica in model.replicas]
 
+    def _assert_unchanged_then_like_by_hand(self, model, before, step, by_hand, reference, seed):
+        """Every copy's weights are `before`; after one more step (and the hand-written
+        one on `reference`, from batch `seed`) they equal the reference's."""
+        for copy_before, copy_after in zip(before, self._weights(model)):
+            for want, got in zip(copy_before, copy_after):
+                np.testing.assert_array_equal(got, want)
+        step(_batch(seed))
+        by_hand(_batch(seed))
+        for replica in model.replicas:
+            for got, want in zip(replica.variables, reference.variables):
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
     def test_each_device_checks_the_buckets_it_made(self):
         """One check program on each tower's device, whose flags both updates take (two
         flag vectors each); none without a guard, and none where the sum is made before it
@@ -230,14 +242,7 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         poisoned[0 if tower == "first" else 3, 7] = np.nan
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[b w\] "):
             step(poisoned)
-        for copy_before, copy_after in zip(before, self._weights(model)):
-            for want, got in zip(copy_before, copy_after):
-                np.testing.assert_array_equal(got, want)
-        step(_batch(1))
-        by_hand(_batch(1))
-        for replica in model.replicas:
-            for got, want in zip(replica.variables, reference.variables):
-                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        self._assert_unchanged_then_like_by_hand(model, before, step, by_hand, reference, 1)
 
     def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
         """A NaN in the second tower's examples: both copies skip the step (the first copy
@@ -253,15 +258,7 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         poisoned = _batch(9)
         poisoned[3, 7] = np.nan  # the second tower's shard
         step(poisoned)
-        after = self._weights(model)
-        for copy_before, copy_after in zip(before, after):
-            for want, got in zip(copy_before, copy_after):
-                np.testing.assert_array_equal(got, want)
-        step(_batch(2))
-        by_hand(_batch(2))
-        for replica in model.replicas:
-            for got, want in zip(replica.variables, reference.variables):
-                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        self._assert_unchanged_then_like_by_hand(model, before, step, by_hand, reference, 2)
         towers.check_replicas_identical(model)
 
     @parameterized.parameters(
