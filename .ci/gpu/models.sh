@@ -59,6 +59,6 @@ final2='^(mirrored xla|towers replicated xla|towers replicated xla, no guard)$'
 # session 25), so it should cost what "skip" costs.
 final2g='^(mirrored xla|towers replicated xla|towers replicated xla, skip|towers replicated xla, no guard)$'
 run final_gpt_k1 200 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=xla --configs="$final1"
-run final_gpt_k2 200 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$final2g"
+run final_gpt_k2 300 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$final2g"
 run final_resnet_k1 300 --worker_devices=1 --gpu_split_mb=$MB1 --models=resnet50 --compiled=xla --configs="$final1"
 run final_resnet_k2 260 --worker_devices=2 --gpu_split_mb=$MB2 --models=resnet50 --compiled=xla --configs="$final2"
