@@ -69,13 +69,13 @@ def _assert_alone(test, exception):
     test.assertNotIn("cancel", message.lower())
 
 
-def _assert_ours(test, exception):
-    """The "raise" error, which TensorFlow may report twice, and nothing else: every root
-    error it reports is the check's, nothing was cancelled."""
+def _assert_ours(test, exception, most=2):
+    """The "raise" error, which TensorFlow may report `most` times, and nothing else: every
+    root error it reports is the check's, nothing was cancelled."""
     message = str(exception)
     test.assertNotIn("cancel", message.lower())
     codes = re.findall(r"\((\d+)\) ([A-Z_]+): ", message)  # "(0) INVALID_ARGUMENT: ..."
-    test.assertLessEqual(len(codes), 2, message)
+    test.assertLessEqual(len(codes), most, message)
     test.assertEqual({code for _, code in codes} or {"INVALID_ARGUMENT"}, {"INVALID_ARGUMENT"})
     said = message.count("assertion failed: [towers: a NaN or Inf in the gradients")
     test.assertEqual(said, max(len(codes), 1), message)
@@ -279,13 +279,15 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         suite on the GPU machine, session 21): ops the test leaves unplaced (its poison, the
         accumulator's) go to the GPU, and the error came twice there once in three runs.
 
-        So does an accumulating step on CPU devices (wave 5, session 26: twice in 4 of 15 runs
-        alone, the second at `cond/pivot_t`). The accumulation's `tf.cond` sends the branch
-        it does not take as "dead" signals between the devices; the check waits for the
-        cond's result, which does not wait for them (no op can), and a failing check cuts
-        the last of them. Kept as it is: an untaken branch of the cond would have to run on
-        the devices (an update every call), and a functional `If` cannot take resources on
-        several devices ("Cannot place the graph", tried)."""
+        So does an accumulating step on CPU devices, where the error may come once more for
+        each device (wave 5, session 26: twice in 5 of 10 runs alone, the second at
+        `cond/pivot_t`; three times in 1 of 30, at the predicate's copies to both devices).
+        The accumulation's `tf.cond` keeps parts of itself on the devices (its switches, the
+        branch it does not take, sent there as "dead" signals); its result comes from the
+        branch taken and waits for none of them (no op can wait for a dead signal), so the
+        failing check may cut their last transfers. Kept as it is: the untaken branch would
+        have to run on the devices (an update every call), and a functional `If` cannot take
+        resources on several devices ("Cannot place the graph", tried)."""
         alone = not tf.config.list_physical_devices("GPU") and shape != "accumulated"
         layouts = [(test_util.devices(3)[1:], alone)]  # (the host is the first CPU)
         if test_util.KIND == "GPU":
@@ -319,7 +321,11 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         for seed in (2, 3):  # (a race, when it fails)
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "embedding") as raised:
                 step(test_util.batch(8, seed=seed))
-            (_assert_alone if alone else _assert_ours)(self, raised.exception)
+            if alone:
+                _assert_alone(self, raised.exception)
+            else:  # (accumulating: the check's, and once more for each device at most)
+                most = len(devices) + 1 if shape == "accumulated" else 2
+                _assert_ours(self, raised.exception, most)
         after = [v.numpy() for replica in model.replicas for v in replica.variables]
         for got, want in zip(after, before):
             self.assertAllEqual(got, want)
