@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from towers.ops._exact_widening import narrowest
 from towers.ops._tensorflow import tf
 
 BLOCK = 2048  # values per block: long rows for the reduction, little padding per tensor
@@ -42,6 +43,9 @@ def finite_flags(tensors: Sequence[tf.Tensor], *, laid_out: bool = True) -> tf.T
     """
     if not tensors:
         return tf.zeros([0], tf.bool)
+    # A float32 tensor that widens a half-precision one is finite where that one is: half
+    # the bytes to read, and the cast may go unbuilt (`narrow_form`).
+    tensors = [narrowest(t) for t in tensors]
     if not laid_out:
         return tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
     order, parts = [], []

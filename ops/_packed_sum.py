@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from towers.ops._all_reduce.gather_add import added
+from towers.ops._exact_widening import narrowest
 from towers.ops._finite import LAID_LIMIT, laid_flags, laid_pairs
 from towers.ops._packing import PackSpec, unpack
 from towers.ops._tensorflow import tf
@@ -172,13 +173,19 @@ def packed_arguments(
 ) -> tuple[list, list, Callable[..., Any]]:
     """`grads` as a compiled program's arguments: `PackedSum`s' gradients by their terms.
 
+    A float32 gradient that is exactly a half-precision one (`narrow_form`: under mixed
+    precision, the cast of a tower's gradient) comes as that one and is widened inside,
+    where the cast fuses into the reads: outside, it would be a kernel of its own on an
+    uncompiled step's GPU, and the program would read twice the bytes.
+
     With `checked` (a program that judges the gradients), each sum's crossed flags come
     with its terms (`PackedSum.crossed_flags`).
 
     Returns:
-      `(given, terms, rebuilt)`: `grads` with None where a gradient is a `PackedSum`'s, the
-      terms of each such sum, and a function that, inside the program, builds the gradient
-      list again from those two (each sum's gradients built from its terms there).
+      `(given, terms, rebuilt)`: `grads` with None where a gradient is a `PackedSum`'s (and
+      narrow forms where they have one), the terms of each such sum, and a function that,
+      inside the program, builds the gradient list again from those two (each sum's
+      gradients built from its terms there).
       `rebuilt(given, terms, checked=True)` returns `(grads, known)`, `known` the
       all-finite flags of the sums' gradients read in their buckets (`laid_flags`) or
       crossed with their terms (`PackedSum.crossed`), by position in `grads`; a gradient
@@ -193,12 +200,15 @@ def packed_arguments(
             sums.setdefault(id(packed), packed)
             where.append((position, id(packed), index))
             given[position] = None
+    narrow = [narrowest(grad) for grad in given]
+    widened = [form is not grad for form, grad in zip(narrow, given)]
+    given = narrow
     order = list(sums)
 
     def rebuilt(given: list, terms: list, checked: bool = False) -> Any:
         summed = {key: sums[key].summed(t) for key, (t, _) in zip(order, terms)}
         built = {key: sums[key].unpacked(summed[key]) for key in order}
-        out = list(given)
+        out = [tf.cast(g, tf.float32) if wide else g for g, wide in zip(given, widened)]
         for position, key, index in where:
             out[position] = built[key][index]
         if not checked:

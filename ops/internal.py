@@ -22,7 +22,7 @@ training program needs none of it. It is the one door through which `towers` rea
   compiled program adds, scales and unpacks itself, `towers.ops._packed_sum`, with the flags
   each device made of the buckets it sent, `towers.ops._crossed_flags`; and
   `flags_where_made`, those flags combined where they were made, for the host's check),
-  `narrow_form`
+  `narrow_form`, `narrowest`
   and `HALF` (float32 gradients that are exactly half-precision ones, which exchanges of two
   towers send narrow: `towers.ops._exact_widening`), and `sparse_mode` (`Replicated`'s
   "auto" for `tf.IndexedSlices`: dense on logical GPUs of one GPU, gathered elsewhere).
@@ -60,7 +60,7 @@ from towers.ops._collectives import (
     trace_count,
 )
 from towers.ops._device_scope import device_scope, holds, host_scope
-from towers.ops._exact_widening import HALF, narrow_form
+from towers.ops._exact_widening import HALF, narrow_form, narrowest
 from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
 from towers.ops._owned import gather_from_owners, reduce_to_owners
@@ -105,6 +105,7 @@ __all__ = [
     "in_programs",
     "library_code",
     "narrow_form",
+    "narrowest",
     "normalized_weights",
     "outermost_graph",
     "owners_by_bytes",

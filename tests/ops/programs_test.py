@@ -18,8 +18,8 @@ from absl.testing import parameterized
 import towers
 from tests import test_util
 from tests.towers.optimizers import rules_test
-from tests.towers.step import nonfinite_test
-from towers.ops import _programs, _sparse_mode
+from tests.towers.step import compiled_test, nonfinite_test
+from towers.ops import _exact_widening, _programs, _sparse_mode
 from towers.ops.internal import in_programs, selected
 from towers.optimizers import _device_updates
 
@@ -271,6 +271,66 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertAllEqual(got, want)
             session.run(loss, {poison: 1.0})
             self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
+
+    @parameterized.parameters("judged", "hook")
+    def test_half_precision_gradients_enter_the_programs_narrow(self, verdict):
+        """Under bfloat16 compute a float32 variable's gradient is a bfloat16 one cast to
+        float32. On one device the uncompiled update program takes that bfloat16 tensor and
+        widens it inside, and so does the check where it is a program apart (with a hook,
+        "hook"): no cast runs before them (on a GPU, a kernel per gradient and twice the
+        bytes read). Three steps give the weights of the same step with the narrow forms
+        hidden (bit for bit on CPUs) and of the hand-written whole-batch step (within
+        bfloat16's rounding); a NaN step raises and changes nothing."""
+        _on_cpus(self)
+        devices = test_util.devices(1)
+        hook = (lambda grads, variables: grads) if verdict == "hook" else None
+
+        def run(hidden):
+            found = compiled_test._hidden_if(hidden)
+            with mock.patch.object(_exact_widening, "narrow_form", found):
+                model = towers.Replicated(compiled_test._Mixed, devices)
+                optimizer = towers.SGD(0.1)
+
+                @tf.function
+                def step(batch):
+                    return towers.train_step(
+                        lambda b: compiled_test._mixed_loss(model.local())(b), model,
+                        optimizer, batch, devices, gradient_hook=hook,
+                    )  # fmt: skip
+
+                for i in range(3):
+                    step(compiled_test._mixed_batch(i))
+                weights = [v.numpy() for v in model.replicas[0].variables]
+                inputs, labels = compiled_test._mixed_batch(3)
+                inputs[5, 7] = np.nan
+                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "NaN or Inf"):
+                    step((inputs, labels))
+                for got, want in zip(model.replicas[0].variables, weights):
+                    np.testing.assert_array_equal(got.numpy(), want)
+                graph = step.get_concrete_function(compiled_test._mixed_batch(0)).graph
+            return weights, graph
+
+        (narrow, graph), (wide, hidden_graph) = run(False), run(True)
+        reference = compiled_test._Mixed()
+        by_hand = test_util.reference_step(reference, compiled_test._mixed_loss(reference), 0.1)
+        for i in range(3):
+            by_hand(compiled_test._mixed_batch(i))
+        for got, want, hand in zip(narrow, wide, reference.variables):
+            if test_util.KIND == "CPU":
+                np.testing.assert_array_equal(got, want)
+            else:  # (the cast inside a program may round as XLA fuses it)
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            test_util.assert_allclose(got, hand, rtol=2e-2, atol=2e-3)
+        names = ("update",) if verdict == "judged" else ("update", "finite_flags")
+        for name in names:
+            (call,) = _programs_of(graph, name)
+            dtypes = [t.dtype for t in call.inputs]
+            self.assertEqual(dtypes.count(tf.bfloat16), 2, name)  # (kernel and out)
+            self.assertNotIn("Cast", [t.op.type for t in call.inputs], name)
+            (hidden,) = _programs_of(hidden_graph, name)
+            self.assertNotIn(tf.bfloat16, [t.dtype for t in hidden.inputs], name)
+        if verdict == "judged":
+            self.assertEmpty(_programs_of(graph, "finite_flags"))
 
 
 class UncompiledUpdateTest(tf.test.TestCase, parameterized.TestCase):

@@ -18,6 +18,7 @@ from towers.ops.internal import (
     host_scope,
     in_programs,
     library_code,
+    narrowest,
 )
 from towers.variables import canonical_name
 
@@ -245,6 +246,7 @@ def _by_device(grads: Sequence, variables: Sequence, device: str | None) -> dict
 
 def _finite_flags(values: list[tf.Tensor], compiled: bool) -> tf.Tensor:
     """A boolean per tensor: all its values finite."""
+    values = [narrowest(v) for v in values]  # (a program's argument: narrowed before it)
     fixed = [i for i, v in enumerate(values) if v.shape.is_fully_defined()]
     if not compiled or not fixed:
         return finite_flags(values, laid_out=False)
