@@ -44,7 +44,7 @@ def finite_flags(tensors: Sequence[tf.Tensor], *, laid_out: bool = True) -> tf.T
     if not tensors:
         return tf.zeros([0], tf.bool)
     # A float32 tensor that widens a half-precision one is finite where that one is: half
-    # the bytes to read, and the cast may go unbuilt (`narrow_form`).
+    # the bytes to read, and the cast need not run (`narrow_form`).
     tensors = [narrowest(t) for t in tensors]
     if not laid_out:
         return tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
