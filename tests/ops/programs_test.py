@@ -318,7 +318,7 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         for got, want, hand in zip(narrow, wide, reference.variables):
             if test_util.KIND == "CPU":
                 np.testing.assert_array_equal(got, want)
-            else:  # (the cast inside a program may round as XLA fuses it)
+            else:  # (the two programs may fuse the rule differently: float32 round-off)
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
             test_util.assert_allclose(got, hand, rtol=2e-2, atol=2e-3)
         names = ("update",) if verdict == "judged" else ("update", "finite_flags")
