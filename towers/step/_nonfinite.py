@@ -19,11 +19,11 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
   gradients were not finite (by their checkpoint names, the first first). The error is an
   `Assert` on the host built after every update of the step, so it surfaces in the same call
   (a `tf.function`'s call, a v1 `Session.run` of the loss or the updates), once every update
-  has been issued. It reads the verdict's flags; where those are made before the updates
-  (checks beside the exchange: `_crossed_flags`' and local verdicts' programs) the call
-  does not wait for a GPU to run the updates, which write the old values back behind it
-  (whatever reads the variables next runs after them); where an update program makes them,
-  the call waits for that program.
+  has been issued. It reads the verdict's flags, made before the updates where it can
+  (checks beside the exchange: `_crossed_flags`' and local verdicts' programs), else by an
+  update program. Either way it runs after the updates have run: on a GPU its dependency on
+  each update is a transfer queued behind that update on the device (session 26's trace:
+  the check 0.13 ms after the last update kernel; see docs/precision.md).
 - None: no check.
 """
 
@@ -190,8 +190,9 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
     """For "raise": the host check that fails the call, built after the updates `after`.
 
     The updates never wait for it (they write their old values back on their own); it waits
-    for them to be issued, so that a failing step has nothing of its own left to run on the
-    host (no transfer to cut) and nothing new to write when it fails. Its condition is the
+    for them (on a GPU, until they have run: see the module), so that a failing step has
+    nothing of its own left to run on the host (no transfer to cut) and nothing new to write
+    when it fails. Its condition is the
     conjunction of the verdict's flags (every verdict is theirs), read where they are made:
     no other value has to reach the host.
 

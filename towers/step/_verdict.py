@@ -173,7 +173,8 @@ def judged(
     Each copy's writes read its own; the error's flags and names are the first copy's. For
     "raise", where the first program's flags can be computed from what it reads
     (`Judged.before`: the flags that crossed with the buckets, made before the exchange),
-    they are computed on the host, so that its check need not wait for the program to run.
+    they are computed on the host, so that its check need not read the program's result (it
+    still runs after the updates: see `towers.step._nonfinite`).
     The first copy's suffice: every copy combines the same flags (each device's of its own
     buckets) with a rate of the same value.
     """
