@@ -192,9 +192,11 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
     The updates never wait for it (they write their old values back on their own); it waits
     for them (on a GPU, until they have run: see the module), so that a failing step has
     nothing of its own left to run on the host (no transfer to cut) and nothing new to write
-    when it fails. Its condition is the
-    conjunction of the verdict's flags (every verdict is theirs), read where they are made:
-    no other value has to reach the host.
+    when it fails. Its condition is the conjunction of the verdict's flags (every verdict is
+    theirs), read where they are made: no other value has to reach the host. Only the
+    `Assert` waits for `after`: what it reports (the condition, the names of the bad
+    gradients) is computed from the flags alone, while the updates run, so that the step's
+    end is the wait and the `Assert`, not the wait and every op of the check in turn.
 
     Args:
       verdict: What the check reads.
@@ -209,7 +211,7 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
     """
     if verdict.mode != "raise" or not verdict.flags:
         return []
-    with host_scope(), tf.control_dependencies(update_ops(after)):
+    with host_scope():
         flags = tf.concat([tf.reshape(f, [-1]) for f in verdict.flags], 0)
         finite = tf.reduce_all(flags)  # (every verdict is its flags' conjunction)
         if call is not None:
@@ -217,18 +219,17 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
         flags = tf.gather(flags, list(verdict.ranked))
         names = tf.constant([verdict.names[i] for i in verdict.ranked])
         bad, _ = tf.unique(tf.gather(names, tf.where(tf.logical_not(flags))[:, 0]))
-        return [
-            tf.debugging.Assert(
-                finite,
-                [
-                    # No quote marks: Assert prints its strings C-escaped (an apostrophe as \').
-                    "towers: a NaN or Inf in the gradients of this step (or in the learning "
-                    "rate), for",
-                    bad,
-                    "(checkpoint names, the first first). The step changed nothing: weights, "
-                    "optimizer state, moving averages and accumulated sums are as before it. "
-                    "To skip such steps instead, pass nonfinite as skip (or a loss scale).",
-                ],
-                summarize=20,
-            )
+        message = [  # made here, not under the wait (Assert would make its constants there)
+            # No quote marks: Assert prints its strings C-escaped (an apostrophe as \').
+            tf.constant(
+                "towers: a NaN or Inf in the gradients of this step (or in the learning rate), for"
+            ),
+            bad,
+            tf.constant(
+                "(checkpoint names, the first first). The step changed nothing: weights, "
+                "optimizer state, moving averages and accumulated sums are as before it. To "
+                "skip such steps instead, pass nonfinite as skip (or a loss scale)."
+            ),
         ]
+        with tf.control_dependencies(update_ops(after)):
+            return [tf.debugging.Assert(finite, message, summarize=20)]

@@ -128,10 +128,10 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_raise_reads_the_flags_made_before_the_exchange_not_the_updates_results(self):
         """ "raise"'s check on the host reads only values made before the exchange: both
-        devices' flags of their buckets, none of an update program's results. So it waits
-        for the updates to be issued (its control inputs), not for them to run: on a GPU
-        the step returns without waiting for its updates (the loss is on the host already).
-        Without crossed flags (a ring) it reads what the update programs decided."""
+        devices' flags of their buckets, none of an update program's results. It waits for
+        the updates through its control inputs alone (on a GPU, a transfer behind them:
+        it runs once they have run). Without crossed flags (a ring) it reads what the
+        update programs decided."""
         _, step = self._step("raise")
         graph = step.get_concrete_function(_batch(0)).graph
         (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
@@ -144,6 +144,23 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         graph = ring.get_concrete_function(_batch(0)).graph
         (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
         self.assertNotEmpty(_data_ancestors(check) & set(_calls(graph, "update")))
+
+    @parameterized.parameters("gather_add", "ring")
+    def test_only_the_assert_waits_for_the_updates(self, all_reduce):
+        """What "raise"'s check reports (the flags' conjunction, the bad gradients' names)
+        is computed before the updates end; only the Assert waits for them. On a GPU that
+        wait ends when the updates have run, so each op of the check left behind it was
+        time at the step's end (wave 5, session 28). With a ring the flags are the update
+        programs' results, which the check reads, but no op of it waits for more."""
+        _, step = self._step("raise", all_reduce)
+        graph = step.get_concrete_function(_batch(0)).graph
+        (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+        updates = set(_calls(graph, "update"))
+        self.assertLen(updates, 2)
+        self.assertEqual(test_util.ancestors(check) & updates, updates)
+        for op in _data_ancestors(check):
+            waits = {before for before in test_util.ancestors(op) if before in updates}
+            self.assertEqual(waits, waits & _data_ancestors(op), op.name)
 
     def test_the_hosts_flags_are_those_each_update_program_decides_from(self):
         """What "raise"'s host check reads (`Judged.before`) equals, flag for flag, what the
