@@ -19,11 +19,11 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
   gradients were not finite (by their checkpoint names, the first first). The error is an
   `Assert` on the host built after every update of the step, so it surfaces in the same call
   (a `tf.function`'s call, a v1 `Session.run` of the loss or the updates), once every update
-  has been issued. It reads the verdict's flags, made before the updates where it can
+  has run: on a GPU its dependency on each update is a transfer queued behind that update on
+  the device (session 26's trace: the check 0.13 ms after the last update kernel; see
+  docs/precision.md). It reads the verdict's flags, made before the updates where it can
   (checks beside the exchange: `_crossed_flags`' and local verdicts' programs), else by an
-  update program. Either way it runs after the updates have run: on a GPU its dependency on
-  each update is a transfer queued behind that update on the device (session 26's trace:
-  the check 0.13 ms after the last update kernel; see docs/precision.md).
+  update program.
 - None: no check.
 """
 
