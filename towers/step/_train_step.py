@@ -178,7 +178,7 @@ def train_step(
             nonfinite=nonfinite,
             merge=merge,
         )
-        losses, outputs = [loss], [output]
+        losses, outputs, reduced = [loss], [output], []
     else:
         tower_fn = functools.partial(
             tower_gradients,
@@ -223,10 +223,13 @@ def train_step(
     else:
         outputs = None
     with ops.collective_order():  # (sharded state: the all-gather, chained on its own)
-        updates += strategy.after_update(variables, updates)
-    # "raise": after every write and every merge of the step, so that when it fails nothing
-    # of the step is still running (no exchange is cancelled: no TensorFlow noise around it).
-    return checked_loss(verdict, updates, loss, outputs), outputs
+        after = strategy.after_update(variables, updates)
+    updates += after
+    # "raise": after every transfer and merge of the step, so that when it fails nothing of
+    # the step still crosses between devices (no exchange is cancelled: no TensorFlow noise
+    # around it); and after every write, unless each is a program that chooses for itself.
+    exchanged = None if after or not reduced else [copy.grads for copy in reduced]
+    return checked_loss(verdict, updates, loss, outputs, exchanged), outputs
 
 
 def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[list, list]:
