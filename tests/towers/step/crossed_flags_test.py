@@ -263,6 +263,36 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         nonfinite_test._assert_ours(self, raised.exception, most=3)
         self._assert_unchanged_then_like_by_hand(model, before, step, by_hand, reference, 1)
 
+    def test_a_v1_session_that_runs_the_loss_fails_and_changes_nothing(self):
+        """A v1 graph has no function to wait for its stateful ops: running the loss runs
+        the updates and the check beside them (it waits for the exchange only), fails, and
+        leaves both copies and the step counts as they were."""
+        devices = test_util.devices(2)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            model = towers.Replicated(_Linear, devices, all_reduce="gather_add")
+            optimizer = towers.Adam(0.1)
+            x = tf.compat.v1.placeholder(tf.float32, [4, SIZE])
+            loss, _ = towers.train_step(
+                lambda b: _loss(model.local())(b), model, optimizer, x, devices, jit_compile=True
+            )
+            (check,) = [op for op in x.graph.get_operations() if op.type == "Assert"]
+            updates = set(_calls(x.graph, "update"))
+            self.assertLen(updates, 2)
+            self.assertEmpty(test_util.ancestors(check) & updates)
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(loss, {x: _batch(0)})
+            state = [v for m in [*model.replicas, optimizer] for v in m.variables]
+            before = session.run(state)
+            poisoned = _batch(1)
+            poisoned[2, 9] = np.inf
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[b w\] ") as e:
+                session.run(loss, {x: poisoned})
+            nonfinite_test._assert_ours(self, e.exception, most=3)
+            for got, want in zip(session.run(state), before):
+                self.assertAllEqual(got, want)
+            session.run(loss, {x: _batch(2)})
+            self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
+
     def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
         """A NaN in the second tower's examples: both copies skip the step (the first copy
         learns it from the flags that crossed), and the finite steps around it equal the
