@@ -1,6 +1,5 @@
 """Applying a strategy's reduced gradients: the gradient hook, checked, then the optimizer."""
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -206,8 +205,6 @@ def _apply_now(
             with device_scope(copy.device), tf.control_dependencies(update_ops(checks)):
                 pairs = _pairs(copy, grads)
                 updates.append(applied(optimizer, apply_gradients, pairs, verdict.of(i), jit))
-    if jit and not state and isinstance(optimizer, Optimizer) and loss_scale is None:
-        verdict = dataclasses.replace(verdict, atomic=True)
     updates += kept_state(state, verdict)
     if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
         with tf.control_dependencies(update_ops(updates)):

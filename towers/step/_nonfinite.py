@@ -32,6 +32,7 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
 - None: no check.
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -138,6 +139,17 @@ def judging_updates(
     variables = [c.variables for c in reduced]
     devices = [c.device for c in reduced]
     return updates, judged(copies, grads, variables, devices, nonfinite, names_of)
+
+
+def with_writes(verdict: Verdict, optimizer, jit: bool, state, accumulate, scale) -> Verdict:
+    """`verdict`, marked `atomic` where every write of the step chooses for itself.
+
+    That is a towers optimizer's compiled programs, no deferred state updates (`state`), no
+    accumulation and no loss scale (whose state changes after the updates).
+    """
+    atomic = jit and not state and isinstance(optimizer, Optimizer)
+    atomic = atomic and accumulate is None and scale is None
+    return dataclasses.replace(verdict, atomic=atomic)
 
 
 def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:

@@ -16,7 +16,7 @@ from towers.step._apply_reduced import GradientHook, reduced_updates
 from towers.step._compiled import check_jit_compile
 from towers.step._loss_scale import LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
-from towers.step._nonfinite import checked_loss, resolve
+from towers.step._nonfinite import checked_loss, resolve, with_writes
 from towers.step._one_program import fits_one_program, one_program_step
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
@@ -216,6 +216,9 @@ def train_step(
             batch_size=_total(sizes),
             state_updates=state_updates,
             jit_compile=jit_compile,
+        )
+        verdict = with_writes(
+            verdict, optimizer, jit_compile, state_updates, accumulate, loss_scale
         )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
