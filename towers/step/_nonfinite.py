@@ -20,9 +20,11 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
   `Assert` on the host that surfaces in the same call (a `tf.function`'s call, a v1
   `Session.run` of the loss or the updates). It waits for every transfer and merge of the
   step, and for every update, except where each write is a compiled program that makes the
-  verdict's choice itself (`Verdict.atomic`): there a step stopped between its programs has
-  written old values or nothing, so the check waits for the exchange only and runs beside
-  the updates, and the loss returns from where it was merged, not through the host check.
+  verdict's choice itself (`Verdict.atomic`) and the step has `Replicated` copies (for a
+  parameter server's updates a CPU probe gave 2-3 errors in most failing calls): there a
+  step stopped between its programs has written old values or nothing, so the check waits
+  for the exchange only and runs beside the updates, and the loss returns from where it was
+  merged, not through the host check.
   (On a GPU a dependency on an update is a transfer queued behind it: session 26's trace
   had the check 0.13 ms after the last update kernel; see docs/precision.md.) Beside the
   updates, a failing check may cut the result's copy to a device: TensorFlow then reports

@@ -230,8 +230,9 @@ def train_step(
     updates += after
     # "raise": after every transfer and merge of the step, so that when it fails nothing of
     # the step still crosses between devices (no exchange is cancelled: no TensorFlow noise
-    # around it); and after every write, unless each is a program that chooses for itself.
-    exchanged = None if after or not reduced else [copy.grads for copy in reduced]
+    # around it); and after every write, unless each is a program that chooses for itself
+    # and the step has copies (a parameter server's updates cut its transfers, CPU probe).
+    exchanged = None if after or len(reduced) < 2 else [copy.grads for copy in reduced]
     return checked_loss(verdict, updates, loss, outputs, exchanged), outputs
 
 
