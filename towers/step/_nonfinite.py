@@ -17,16 +17,24 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
   beside them such as BatchNorm's moving averages, accumulated sums); a `LossScale` counts it.
 - "raise": the same, and then the call fails with an error naming the variables whose
   gradients were not finite (by their checkpoint names, the first first). The error is an
-  `Assert` on the host built after every update of the step, so it surfaces in the same call
-  (a `tf.function`'s call, a v1 `Session.run` of the loss or the updates), once every update
-  has run: on a GPU its dependency on each update is a transfer queued behind that update on
-  the device (session 26's trace: the check 0.13 ms after the last update kernel; see
-  docs/precision.md). It reads the verdict's flags, made before the updates where it can
-  (checks beside the exchange: `_crossed_flags`' and local verdicts' programs), else by an
-  update program.
+  `Assert` on the host that surfaces in the same call (a `tf.function`'s call, a v1
+  `Session.run` of the loss or the updates). It waits for every transfer and merge of the
+  step, and for every update, except where each write is a compiled program that makes the
+  verdict's choice itself (`Verdict.atomic`) and the step has `Replicated` copies (for a
+  parameter server's updates a CPU probe gave 2-3 errors in most failing calls): there a
+  step stopped between its programs has written old values or nothing, so the check waits
+  for the exchange only and runs beside the updates, and the loss returns from where it was
+  merged, not through the host check.
+  (On a GPU a dependency on an update is a transfer queued behind it: session 26's trace
+  had the check 0.13 ms after the last update kernel; see docs/precision.md.) Beside the
+  updates, a failing check may cut the result's copy to a device: TensorFlow then reports
+  its error up to once more per device. It reads the verdict's flags, made before the
+  updates where it can (checks beside the exchange: `_crossed_flags`' and local verdicts'
+  programs), else by an update program.
 - None: no check.
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -135,6 +143,17 @@ def judging_updates(
     return updates, judged(copies, grads, variables, devices, nonfinite, names_of)
 
 
+def with_writes(verdict: Verdict, optimizer, jit: bool, state, accumulate, scale) -> Verdict:
+    """`verdict`, marked `atomic` where every write of the step chooses for itself.
+
+    That is a towers optimizer's compiled programs, no deferred state updates (`state`), no
+    accumulation and no loss scale (whose state changes after the updates).
+    """
+    atomic = jit and not state and isinstance(optimizer, Optimizer)
+    atomic = atomic and accumulate is None and scale is None
+    return dataclasses.replace(verdict, atomic=atomic)
+
+
 def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:
     """Builds the deferred state updates (`DeferredUpdate`s) under the verdict.
 
@@ -163,7 +182,9 @@ def _skipped() -> tf.Tensor:
 
 
 @library_code
-def checked_loss(verdict: Verdict, updates: Sequence[Any], loss: tf.Tensor, outputs: Any) -> Any:
+def checked_loss(
+    verdict: Verdict, updates: Sequence[Any], loss: tf.Tensor, outputs: Any, exchanged: Any = None
+) -> Any:
     """The step's loss, returned after its updates and, for "raise", after the host check.
 
     With a check, the loss is copied to the host first and returned from there; the check
@@ -174,15 +195,25 @@ def checked_loss(verdict: Verdict, updates: Sequence[Any], loss: tf.Tensor, outp
     its copy back to the GPU. Every result of a tf.function waits for every check, so each
     result on another device (outputs merged on the host, a nested function's, an
     accumulating step's) became a transfer the failing check cut: "2 root error(s)".)
+
+    Except where every write chooses for itself (`Verdict.atomic`) and `exchanged` (the
+    step's exchanged gradients) is given: there the check waits for the exchange, not the
+    updates, and the loss returns from where it is (a result on the host waits, on a GPU,
+    for the updates to have run, through the `tf.function`'s control outputs). A failing
+    check then cuts the result's copy: its error may come up to once more per device.
     """
     if verdict.mode != "raise" or not verdict.flags:
         with tf.control_dependencies(update_ops(updates)):
             return tf.identity(loss)
+    early = verdict.atomic and exchanged is not None
     with host_scope():
-        loss = tf.identity(loss)
-        check = raised(verdict, [updates, loss, outputs])
-        with tf.control_dependencies(update_ops(updates) + check):
-            return tf.identity(loss)
+        copied = tf.identity(loss)
+        check = raised(verdict, [exchanged if early else updates, copied, outputs])
+        if not early:
+            with tf.control_dependencies(update_ops(updates) + check):
+                return tf.identity(copied)
+    with tf.control_dependencies(update_ops(updates) + check):
+        return tf.identity(loss)
 
 
 @library_code

@@ -16,7 +16,7 @@ from towers.step._apply_reduced import GradientHook, reduced_updates
 from towers.step._compiled import check_jit_compile
 from towers.step._loss_scale import LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
-from towers.step._nonfinite import checked_loss, resolve
+from towers.step._nonfinite import checked_loss, resolve, with_writes
 from towers.step._one_program import fits_one_program, one_program_step
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
@@ -178,7 +178,7 @@ def train_step(
             nonfinite=nonfinite,
             merge=merge,
         )
-        losses, outputs = [loss], [output]
+        losses, outputs, reduced = [loss], [output], []
     else:
         tower_fn = functools.partial(
             tower_gradients,
@@ -217,16 +217,23 @@ def train_step(
             state_updates=state_updates,
             jit_compile=jit_compile,
         )
+        verdict = with_writes(
+            verdict, optimizer, jit_compile, state_updates, accumulate, loss_scale
+        )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
     else:
         outputs = None
     with ops.collective_order():  # (sharded state: the all-gather, chained on its own)
-        updates += strategy.after_update(variables, updates)
-    # "raise": after every write and every merge of the step, so that when it fails nothing
-    # of the step is still running (no exchange is cancelled: no TensorFlow noise around it).
-    return checked_loss(verdict, updates, loss, outputs), outputs
+        after = strategy.after_update(variables, updates)
+    updates += after
+    # "raise": after every transfer and merge of the step, so that when it fails nothing of
+    # the step still crosses between devices (no exchange is cancelled: no TensorFlow noise
+    # around it); and after every write, unless each is a program that chooses for itself
+    # and the step has copies (a parameter server's updates cut its transfers, CPU probe).
+    exchanged = None if after or len(reduced) < 2 else [copy.grads for copy in reduced]
+    return checked_loss(verdict, updates, loss, outputs, exchanged), outputs
 
 
 def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[list, list]:

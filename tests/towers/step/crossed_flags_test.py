@@ -128,10 +128,10 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_raise_reads_the_flags_made_before_the_exchange_not_the_updates_results(self):
         """ "raise"'s check on the host reads only values made before the exchange: both
-        devices' flags of their buckets, none of an update program's results. It waits for
-        the updates through its control inputs alone (on a GPU, a transfer behind them:
-        it runs once they have run). Without crossed flags (a ring) it reads what the
-        update programs decided."""
+        devices' flags of their buckets, none of an update program's results. Every write
+        of the step is a compiled program that makes its own choice, so the check waits
+        for the exchange, not for the updates (on a GPU, it runs beside them). Without
+        crossed flags (a ring) it reads what the update programs decided."""
         _, step = self._step("raise")
         graph = step.get_concrete_function(_batch(0)).graph
         (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
@@ -139,26 +139,25 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         updates, checks = set(_calls(graph, "update")), set(_calls(graph, "crossed_flags"))
         self.assertLen(updates, 2)
         self.assertEqual(_data_ancestors(check) & (updates | checks), checks)
-        self.assertEqual(test_util.ancestors(check) & updates, updates)  # after them
+        self.assertEmpty(test_util.ancestors(check) & updates)  # beside them
         _, ring = self._step("raise", "ring")
         graph = ring.get_concrete_function(_batch(0)).graph
         (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
         self.assertNotEmpty(_data_ancestors(check) & set(_calls(graph, "update")))
 
     @parameterized.parameters("gather_add", "ring")
-    def test_only_the_assert_waits_for_the_updates(self, all_reduce):
+    def test_no_op_of_the_check_waits_for_more_than_it_reads(self, all_reduce):
         """What "raise"'s check reports (the flags' conjunction, the bad gradients' names)
-        is computed before the updates end; only the Assert waits for them. On a GPU that
-        wait ends when the updates have run, so each op of the check left behind it was
-        time at the step's end (wave 5, session 28). With a ring the flags are the update
-        programs' results, which the check reads, but no op of it waits for more."""
+        waits for no update it does not read. On a GPU a wait for an update ends when the
+        update has run, so each op of the check left behind it was time at the step's end
+        (wave 5, sessions 28 and 29). With a ring the flags are the update programs'
+        results, which the check reads, but no op of it waits for more."""
         _, step = self._step("raise", all_reduce)
         graph = step.get_concrete_function(_batch(0)).graph
         (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
         updates = set(_calls(graph, "update"))
         self.assertLen(updates, 2)
-        self.assertEqual(test_util.ancestors(check) & updates, updates)
-        for op in _data_ancestors(check):
+        for op in [check, *_data_ancestors(check)]:
             waits = {before for before in test_util.ancestors(op) if before in updates}
             self.assertEqual(waits, waits & _data_ancestors(op), op.name)
 
@@ -257,9 +256,42 @@ class CrossedFlagsTest(tf.test.TestCase, parameterized.TestCase):
         before = self._weights(model)
         poisoned = _batch(9)
         poisoned[0 if tower == "first" else 3, 7] = np.nan
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[b w\] "):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[b w\] ") as raised:
             step(poisoned)
+        # The check runs beside the updates: where it fails first, TensorFlow may report its
+        # error once more for each device whose part of the step it cut (the result's copy).
+        nonfinite_test._assert_ours(self, raised.exception, most=3)
         self._assert_unchanged_then_like_by_hand(model, before, step, by_hand, reference, 1)
+
+    def test_a_v1_session_that_runs_the_loss_fails_and_changes_nothing(self):
+        """A v1 graph has no function to wait for its stateful ops: running the loss runs
+        the updates and the check beside them (it waits for the exchange only), fails, and
+        leaves both copies and the step counts as they were."""
+        devices = test_util.devices(2)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            model = towers.Replicated(_Linear, devices, all_reduce="gather_add")
+            optimizer = towers.Adam(0.1)
+            x = tf.compat.v1.placeholder(tf.float32, [4, SIZE])
+            loss, _ = towers.train_step(
+                lambda b: _loss(model.local())(b), model, optimizer, x, devices, jit_compile=True
+            )
+            (check,) = [op for op in x.graph.get_operations() if op.type == "Assert"]
+            updates = set(_calls(x.graph, "update"))
+            self.assertLen(updates, 2)
+            self.assertEmpty(test_util.ancestors(check) & updates)
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(loss, {x: _batch(0)})
+            state = [v for m in [*model.replicas, optimizer] for v in m.variables]
+            before = session.run(state)
+            poisoned = _batch(1)
+            poisoned[2, 9] = np.inf
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[b w\] ") as e:
+                session.run(loss, {x: poisoned})
+            nonfinite_test._assert_ours(self, e.exception, most=3)
+            for got, want in zip(session.run(state), before):
+                self.assertAllEqual(got, want)
+            session.run(loss, {x: _batch(2)})
+            self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
 
     def test_a_nan_in_the_other_towers_bucket_skips_both_copies(self):
         """A NaN in the second tower's examples: both copies skip the step (the first copy

@@ -234,6 +234,39 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
             session.run(loss, {x: good})
             self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
 
+    def test_a_parameter_servers_compiled_step_fails_once_after_its_updates(self):
+        """Compiled updates that choose for themselves, but no copies: the check still waits
+        for the updates (beside them, a failing check cut their transfers: 2-3 errors in
+        most calls, a CPU probe of wave 5, session 29), and nothing changes."""
+        devices = test_util.devices(2)
+        model = tf.Module()
+        with tf.device(devices[0]):
+            model.w = tf.Variable(tf.zeros([3, 1]), name="w")
+        with tf.device(devices[1]):
+            model.b = tf.Variable(tf.zeros([1]), name="b")
+        optimizer = towers.Adam(0.1)
+
+        @tf.function
+        def step(x):
+            loss = lambda b: tf.reduce_mean(tf.square(b @ model.w + model.b - 1.0))  # noqa: E731
+            return towers.train_step(loss, model, optimizer, x, devices, jit_compile=True)[0]
+
+        graph = step.get_concrete_function(tf.TensorSpec([8, 3])).graph
+        (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+        writes = set(_writes(graph))
+        self.assertNotEmpty(writes)
+        self.assertEqual(test_util.ancestors(check) & writes, writes)
+        good = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        step(good)
+        before = [v.numpy() for v in [*model.variables, *optimizer.variables]]
+        good[5, 1] = np.nan
+        for _ in range(3):
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r", for\] \[") as raised:
+                step(good)
+            _assert_alone(self, raised.exception)
+        for got, want in zip([*model.variables, *optimizer.variables], before):
+            self.assertAllEqual(got, want)
+
     @parameterized.parameters("ps", "replicated")
     def test_the_error_comes_alone_wherever_the_loss_is_merged(self, strategy):
         """The loss merged on another device than the check's (as a GPU's would be): it
