@@ -20,7 +20,7 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
   `Assert` on the host that surfaces in the same call (a `tf.function`'s call, a v1
   `Session.run` of the loss or the updates). It waits for every transfer and merge of the
   step, and for every update, except where each write is a compiled program that makes the
-  verdict's choice itself (`Verdict.atomic`) and the step has `Replicated` copies (for a
+  verdict's choice itself (`writes_choose`) and the step has `Replicated` copies (for a
   parameter server's updates a CPU probe gave 2-3 errors in most failing calls): there a
   step stopped between its programs has written old values or nothing, so the check waits
   for the exchange only and runs beside the updates, and the loss returns from where it was
@@ -34,7 +34,6 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
 - None: no check.
 """
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -143,15 +142,15 @@ def judging_updates(
     return updates, judged(copies, grads, variables, devices, nonfinite, names_of)
 
 
-def with_writes(verdict: Verdict, optimizer, jit: bool, state, accumulate, scale) -> Verdict:
-    """`verdict`, marked `atomic` where every write of the step chooses for itself.
+def writes_choose(optimizer, jit: bool, state, accumulate, scale) -> bool:
+    """Whether every write of the step is a program that makes the verdict's choice inside.
 
-    That is a towers optimizer's compiled programs, no deferred state updates (`state`), no
-    accumulation and no loss scale (whose state changes after the updates).
+    A step stopped between such programs has written old values or nothing. That is a towers
+    optimizer's compiled programs, no deferred state updates (`state`), no accumulation and no
+    loss scale (whose state changes after the updates).
     """
-    atomic = jit and not state and isinstance(optimizer, Optimizer)
-    atomic = atomic and accumulate is None and scale is None
-    return dataclasses.replace(verdict, atomic=atomic)
+    chosen_inside = jit and not state and isinstance(optimizer, Optimizer)
+    return chosen_inside and accumulate is None and scale is None
 
 
 def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:
@@ -196,16 +195,17 @@ def checked_loss(
     result on another device (outputs merged on the host, a nested function's, an
     accumulating step's) became a transfer the failing check cut: "2 root error(s)".)
 
-    Except where every write chooses for itself (`Verdict.atomic`) and `exchanged` (the
-    step's exchanged gradients) is given: there the check waits for the exchange, not the
-    updates, and the loss returns from where it is (a result on the host waits, on a GPU,
-    for the updates to have run, through the `tf.function`'s control outputs). A failing
-    check then cuts the result's copy: its error may come up to once more per device.
+    Except where `exchanged` (the step's exchanged gradients) is given, which the step does
+    where every write chooses for itself (`writes_choose`): there the check waits for the
+    exchange, not the updates, and the loss returns from where it is (a result on the host
+    waits, on a GPU, for the updates to have run, through the `tf.function`'s control
+    outputs). A failing check then cuts the result's copy: its error may come up to once more
+    per device.
     """
     if verdict.mode != "raise" or not verdict.flags:
         with tf.control_dependencies(update_ops(updates)):
             return tf.identity(loss)
-    early = verdict.atomic and exchanged is not None
+    early = exchanged is not None
     with host_scope():
         copied = tf.identity(loss)
         check = raised(verdict, [exchanged if early else updates, copied, outputs])

@@ -16,7 +16,7 @@ from towers.step._apply_reduced import GradientHook, reduced_updates
 from towers.step._compiled import check_jit_compile
 from towers.step._loss_scale import LossScale, as_loss_scale
 from towers.step._micro_batches import check_micro_batches
-from towers.step._nonfinite import checked_loss, resolve, with_writes
+from towers.step._nonfinite import checked_loss, resolve, writes_choose
 from towers.step._one_program import fits_one_program, one_program_step
 from towers.step._reduce import reduce_for
 from towers.step._tower_builder import replicate, resolve_strategy
@@ -178,7 +178,7 @@ def train_step(
             nonfinite=nonfinite,
             merge=merge,
         )
-        losses, outputs, reduced = [loss], [output], []
+        losses, outputs, reduced, chosen_inside = [loss], [output], [], False
     else:
         tower_fn = functools.partial(
             tower_gradients,
@@ -217,9 +217,7 @@ def train_step(
             state_updates=state_updates,
             jit_compile=jit_compile,
         )
-        verdict = with_writes(
-            verdict, optimizer, jit_compile, state_updates, accumulate, loss_scale
-        )
+        chosen_inside = writes_choose(optimizer, jit_compile, state_updates, accumulate, loss_scale)
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
@@ -232,7 +230,8 @@ def train_step(
     # the step still crosses between devices (no exchange is cancelled: no TensorFlow noise
     # around it); and after every write, unless each is a program that chooses for itself
     # and the step has copies (a parameter server's updates cut its transfers, CPU probe).
-    exchanged = None if after or len(reduced) < 2 else [copy.grads for copy in reduced]
+    early = chosen_inside and not after and len(reduced) > 1
+    exchanged = [copy.grads for copy in reduced] if early else None
     return checked_loss(verdict, updates, loss, outputs, exchanged), outputs
 
 

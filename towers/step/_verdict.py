@@ -36,9 +36,6 @@ class Verdict:
       copies: With local verdicts, each copy's own verdict on its device (the first is
         `finite`); () when every copy reads `finite`.
       devices: The copies' devices, for `at` (with `copies`).
-      atomic: Every write of the step is a compiled program that makes the verdict's
-        choice inside (or adds the verdict to a count): a step stopped between them has
-        written old values or nothing, so "raise"'s check need not wait for them.
     """
 
     finite: tf.Tensor | None
@@ -48,7 +45,6 @@ class Verdict:
     ranked: tuple = ()
     copies: tuple = ()
     devices: tuple = ()
-    atomic: bool = False
 
     @property
     def chosen(self) -> tf.Tensor:
