@@ -15,6 +15,15 @@ start=$(date +%s)
 total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if (( ${total:-0} >= 100000 )); then MB1=100000 MB2=60000; else MB1=70000 MB2=36000; fi
 echo "GPU memory ${total} MiB: K=1 on ${MB1} MiB, K=2 on 2 x ${MB2} MiB" | tee -a "$OUT/times.txt"
+# AUTOTUNE_DIR=/tmp/autotune: the runs share XLA's per-fusion autotuning results through that
+# folder (one machine's calls too), so that a fusion compiled in two processes gets the same
+# kernels in both. For the next study, not used for any table yet: whether it narrows the
+# spread between processes (session 33: towers at K=1 took 29.42 and 30.94 ms in two processes
+# of one run, the floor 28.57 and 28.75).
+if [[ -n "${AUTOTUNE_DIR:-}" ]]; then
+  mkdir -p "$AUTOTUNE_DIR"
+  export XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=$AUTOTUNE_DIR${XLA_FLAGS:+ $XLA_FLAGS}"
+fi
 run() {  # name, seconds, flags...
   local name=$1 limit=$2; shift 2
   if [[ -z "${ONLY:-}" ]]; then [[ $name != final_* ]] || return 0  # (final_*: asked by name)
