@@ -72,9 +72,9 @@ run final_gpt_k2 300 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compi
 run final_resnet_k1 300 --worker_devices=1 --gpu_split_mb=$MB1 --models=resnet50 --compiled=xla --configs="$final1"
 run final_resnet_k2 260 --worker_devices=2 --gpu_split_mb=$MB2 --models=resnet50 --compiled=xla --configs="$final2"
 # The issue's other rows at the table's commit, each in a process of its own beside the rows it
-# is read against (the targets' processes above keep their four configurations, as measured
-# since session 21): MirroredStrategy with the whole replica step compiled (K=1), the
-# hand-written loop with its update compiled, and towers with its update uncompiled.
+# is read against (the targets' processes above keep their configurations, as in the tables
+# before): MirroredStrategy with the whole replica step compiled (K=1), the hand-written loop
+# with its update compiled, and towers with its update uncompiled.
 rest1='^(one device xla|mirrored xla|mirrored xla, whole replica|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, update uncompiled)$'
 rest2='^(mirrored xla|hand-written towers xla, update compiled|towers replicated xla|towers replicated xla, update uncompiled)$'
 run final_gpt_k1_rest 240 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=xla --configs="$rest1"
