@@ -24,13 +24,18 @@ if [[ -n "${AUTOTUNE_DIR:-}" ]]; then
   mkdir -p "$AUTOTUNE_DIR"
   export XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=$AUTOTUNE_DIR${XLA_FLAGS:+ $XLA_FLAGS}"
 fi
+# REPEAT=3: each chosen run three times, a fresh process each ($OUT/name.1.jsonl, ...): one
+# process's ratios are one draw of its programs' speeds (session 33).
 run() {  # name, seconds, flags...
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$2 out r; shift 2
   if [[ -z "${ONLY:-}" ]]; then [[ $name != final_* ]] || return 0  # (final_*: asked by name)
   else [[ " $ONLY " == *" $name "* ]] || return 0; fi
-  timeout -k 5 "$limit" python3 -m towers.bench --suite=models --steps="${STEPS:-20}" --warmup=3 "$@" \
-    > "$OUT/$name.jsonl" 2> "$OUT/$name.err"
-  echo "$name rc=$? at $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+  for (( r = 1; r <= ${REPEAT:-1}; r++ )); do
+    out=$name; (( ${REPEAT:-1} == 1 )) || out=$name.$r
+    timeout -k 5 "$limit" python3 -m towers.bench --suite=models --steps="${STEPS:-20}" --warmup=3 \
+      "$@" > "$OUT/$out.jsonl" 2> "$OUT/$out.err"
+    echo "$out rc=$? at $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+  done
 }
 # Issue #32's rows, with the default non-finite guard unless a label says otherwise: at K=1
 # the whole step compiled on one device, MirroredStrategy (each replica's loss and gradients
