@@ -25,7 +25,8 @@ if [[ -n "${AUTOTUNE_DIR:-}" ]]; then
   export XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=$AUTOTUNE_DIR${XLA_FLAGS:+ $XLA_FLAGS}"
 fi
 # REPEAT=3: each chosen run three times, a fresh process each ($OUT/name.1.jsonl, ...): one
-# process's ratios are one draw of its programs' speeds (session 33).
+# process's ratios are one draw of its programs' speeds (session 33). Read them back with
+# `python3 -m towers.bench --suite=models --rows_from=name.1.jsonl,name.2.jsonl,name.3.jsonl`.
 run() {  # name, seconds, flags...
   local name=$1 limit=$2 out r; shift 2
   if [[ -z "${ONLY:-}" ]]; then [[ $name != final_* ]] || return 0  # (final_*: asked by name)

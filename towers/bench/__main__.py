@@ -43,6 +43,12 @@ _PEAK = flags.DEFINE_float("peak_tflops", 790.0, "A device's peak TFLOP/s (model
 _CONFIGS = flags.DEFINE_string(
     "configs", ".*", "The models suite's configurations: a regular expression on their labels."
 )
+_ROWS_FROM = flags.DEFINE_list(
+    "rows_from",
+    [],
+    "The models suite: read these workers' files (one process each) instead of running; print "
+    "each target's ratio per process and the median.",
+)
 _TOWERS = flags.DEFINE_list("towers", ["1", "4", "8"], "Device counts, one process each.")
 _BATCH = flags.DEFINE_integer("batch_size", 0, "Global batch; 0 for each model's default.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps after warm-up; the median is shown.")
@@ -216,6 +222,14 @@ def _state_suite() -> None:
 def _models_suite() -> None:
     """The models suite: a worker's rows as JSON lines, or the driver's tables."""
     models = _MODELS.value if _MODELS.present else MODELS_SUITE
+    if _ROWS_FROM.value:  # several processes' rows, summarised
+        from towers.bench import _spread
+
+        processes = _spread.read_processes(_ROWS_FROM.value)
+        print(_spread.step_times_table(processes))
+        print()
+        print(_spread.spread_table(processes))
+        return
     if _WORKER.value:
         from towers.bench import _model_suite  # Keras is imported for this suite alone
 

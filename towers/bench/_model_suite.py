@@ -221,19 +221,32 @@ def _holds_for(devices: str, k: int) -> bool:
     return devices == "all" or (devices == "1") == (k == 1)
 
 
-def targets_table(rows: list[dict]) -> str:
-    """Towers' fastest row of each kind over its peer's time, with the bound it must meet."""
+def target_ratios(rows: list[dict]) -> list[tuple[tuple, str, float, float | None]]:
+    """Each target's ratio in `rows` (one process's): (row key, target, towers / peer, bound).
+
+    The ratio is towers' fastest row of the target's kind over its peer's time.
+    """
     by = {(_key(r), r["config"]): r["step_ms"] for r in rows}
-    lines = []
+    ratios = []
     for key in sorted({_key(r) for r in rows}):
         for what, ours, peer, bound, devices in TARGETS:
             mine = [by[key, label] for label in ours if (key, label) in by]
             if not mine or (key, peer) not in by or not _holds_for(devices, key[3]):
                 continue
-            ratio = min(mine) / by[key, peer]
-            verdict = "-" if bound is None else ("met" if ratio <= bound else "NOT met")
-            lines.append(
-                (key[0], key[1], key[3], what, ratio, "-" if bound is None else bound, verdict)
-            )
+            ratios.append((key, what, min(mine) / by[key, peer], bound))
+    return ratios
+
+
+def verdict(ratio: float, bound: float | None) -> str:
+    """The word for `ratio` against `bound`: met, NOT met, or - where there is no bound."""
+    return "-" if bound is None else ("met" if ratio <= bound else "NOT met")
+
+
+def targets_table(rows: list[dict]) -> str:
+    """Towers' fastest row of each kind over its peer's time, with the bound it must meet."""
+    lines = []
+    for key, what, ratio, bound in target_ratios(rows):
+        shown = "-" if bound is None else bound
+        lines.append((key[0], key[1], key[3], what, ratio, shown, verdict(ratio, bound)))
     header = ["model", "dtype", "K", "target", "towers / peer", "bound", ""]
     return format_table(header, lines)
