@@ -46,8 +46,8 @@ def read_processes(paths: Sequence[str]) -> list[list[dict]]:
                     continue
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # (a line cut short by a killed worker)
+                except (json.JSONDecodeError, RecursionError):
+                    continue  # (a line cut short by a killed worker, or nested past reading)
                 if isinstance(row, dict):
                     rows.append(_checked(row, path, number))
         if not rows:
@@ -59,10 +59,12 @@ def read_processes(paths: Sequence[str]) -> list[list[dict]]:
 def _checked(row: dict, path: str, number: int) -> dict:
     for field, kind in _FIELDS.items():
         value = row.get(field)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ValueError(f"{path}:{number}: a row without a valid {field!r}: {value!r}.")
     if not (math.isfinite(row["step_ms"]) and row["step_ms"] > 0):
-        raise ValueError(f"{path}:{number}: step_ms must be positive: {row['step_ms']!r}.")
+        raise ValueError(
+            f"{path}:{number}: step_ms must be a positive finite number: {row['step_ms']!r}."
+        )
     return row
 
 

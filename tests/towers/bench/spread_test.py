@@ -66,6 +66,7 @@ class SpreadTest(tf.test.TestCase):
     def test_files_are_read_one_process_each_skipping_what_is_not_a_row(self):
         first = self._write("a.jsonl", [
             "bench: a note", _row(2, "mirrored xla", 10.0), '{"config": "cut sh',
+            '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",  # nested past json's recursion
             "[1, 2]", _row(2, "towers replicated xla", 9.0),
         ])  # fmt: skip
         second = self._write("b.jsonl", [_row(1, "one device xla", 5.0)])
@@ -79,11 +80,12 @@ class SpreadTest(tf.test.TestCase):
             "missing": ([_row(2, "x", 1.0), {**_row(2, "x", 1.0), "config": None}], ":2: .*config"),
             "bool": ([_row(True, "x", 1.0)], ":1: .*towers"),
             "text": ([_row(2, "x", "12")], ":1: .*step_ms"),
+            "true": ([_row(2, "x", True)], ":1: .*step_ms"),
             "nan": (['{"model": "gpt", "dtype": "bfloat16", "tf32": true, "towers": 2, '
-                     '"config": "x", "step_ms": NaN}'], ":1: step_ms must be positive"),
+                     '"config": "x", "step_ms": NaN}'], ":1: step_ms must be a positive finite"),
             "infinite": (['{"model": "gpt", "dtype": "bfloat16", "tf32": true, "towers": 2, '
                           '"config": "x", "step_ms": Infinity}'], ":1: step_ms must be"),
-            "zero": ([_row(2, "x", 0.0)], ":1: step_ms must be positive"),
+            "zero": ([_row(2, "x", 0.0)], ":1: step_ms must be a positive finite"),
         }  # fmt: skip
         for name, (lines, message) in cases.items():
             with self.subTest(name):
