@@ -28,6 +28,7 @@ class ModelsSuiteTest(tf.test.TestCase):
             "towers replicated xla, skip",
             "towers replicated xla, update uncompiled",
             "towers replicated xla, sharded state",
+            "towers replicated xla, one bucket",
             "hand-written towers xla, update compiled",
         ):
             self.assertIn(label, labels)
