@@ -51,7 +51,7 @@ k2='^(mirrored xla|hand-written towers xla, update compiled|towers replicated xl
 ours='towers replicated xla|towers replicated xla, no guard|towers replicated xla, update uncompiled'
 plain='^(one device|mirrored|towers replicated|towers replicated, no guard)$'
 # Seen at e127387: a GPT configuration compiles in 15-55 s, a ResNet-50 one in 45-60 s.
-# ResNet-50 runs the targets' rows (no whole-replica Mirrored, no hand-written loop).
+# ResNet-50 runs the targets' rows here (its other rows: the `_rest` runs below).
 run gpt_k1 280 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=xla --configs="$k1"
 run gpt_k2 330 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$k2"
 run resnet_k1 330 --worker_devices=1 --gpu_split_mb=$MB1 --models=resnet50 --compiled=xla --configs="^(one device xla|mirrored xla|$ours)$"

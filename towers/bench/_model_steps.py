@@ -275,11 +275,10 @@ def model_rows(
                 dataset=dataset,
                 replicated=dict(shard_optimizer_state=True),
             )
-        if len(devices) > 1:  # the default exchange in one transfer (one receive to wait for)
+        if len(devices) > 1:  # the exchange in fewer, larger transfers (the default in one)
             rows["towers replicated xla, one bucket"] = functools.partial(
                 towers_step, devices=devices, dataset=dataset, replicated=dict(bucket_bytes=2**40)
             )
-        if len(devices) > 1:  # the exchange in fewer, larger transfers
             for name, algorithm, size, bucket in (
                 ("ring", "ring", "64 MiB buckets", 64 * 2**20),
                 ("reduce-broadcast", "reduce_broadcast", "64 MiB buckets", 64 * 2**20),

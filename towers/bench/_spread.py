@@ -73,15 +73,12 @@ def spread_table(processes: list[list[dict]]) -> str:
 
     The verdict is the median's; "held" counts the processes whose own ratio meets the bound.
     """
-    ratios: dict[tuple, list[float]] = {}
-    bounds: dict[tuple, float | None] = {}
+    ratios: dict[tuple, list[float]] = {}  # (row key, target, its bound) -> each process's
     for rows in processes:
         for key, what, ratio, bound in target_ratios(rows):
-            ratios.setdefault((key, what), []).append(ratio)
-            bounds[key, what] = bound
+            ratios.setdefault((key, what, bound), []).append(ratio)
     lines = []
-    for (key, what), values in ratios.items():
-        bound = bounds[key, what]
+    for (key, what, bound), values in ratios.items():
         held = "-" if bound is None else f"{sum(v <= bound for v in values)}/{len(values)}"
         median = statistics.median(values)
         lines.append(
