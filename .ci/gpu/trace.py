@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--gpu_split_mb", type=int, default=60000)
+    parser.add_argument("--gpu_split_mb", type=int, default=0, help="0: as .ci/gpu/models.sh")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--configs", default="^(mirrored xla|towers replicated xla)$")
     parser.add_argument("--steps", type=int, default=3)
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/trace_out"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    devices = bench_devices(args.devices, args.gpu_split_mb if args.devices > 1 else 100000)
+    devices = bench_devices(args.devices, args.gpu_split_mb or _split_mb(args.devices))
     real = REAL_MODELS[args.model]
     build = lambda: real.build(compute_dtype=args.dtype)  # noqa: E731
     reference = build()
@@ -97,6 +97,17 @@ def main() -> None:
         if args.tail_ms:
             tail(path, args.tail_ms)
         sys.stdout.flush()
+
+
+def _split_mb(devices: int) -> int:
+    """.ci/gpu/models.sh's split: 100000 or 2 x 60000 MiB on an H200, 70000 or 2 x 36000 below."""
+    import subprocess
+
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    total = int(subprocess.run(query, capture_output=True, text=True).stdout.split()[0])
+    if total >= 100000:
+        return 100000 if devices == 1 else 60000
+    return 70000 if devices == 1 else 36000
 
 
 def _read(path: str) -> tuple[list, list, list]:
