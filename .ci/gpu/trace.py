@@ -45,6 +45,12 @@ def main() -> None:
     parser.add_argument("--timed", type=int, default=10)
     parser.add_argument("--plain", action="store_true", help="the uncompiled rows")
     parser.add_argument("--tail_ms", type=float, default=0, help="list the last step's end")
+    parser.add_argument(
+        "--before_35",
+        action="store_true",
+        help='"towers replicated" again, its check built as before session 35 (one uncompiled '
+        "copy's update program judges, and the check waits for it)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/trace_out"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -66,11 +72,13 @@ def main() -> None:
         jit_compile=not args.plain,
     )
     chosen = {label: row for label, row in rows.items() if re.search(args.configs, label)}
+    if args.before_35:
+        chosen["towers replicated, check before session 35"] = _before_35(rows["towers replicated"])
     built = {}
     for label, config in chosen.items():
         began = time.perf_counter()
         built[label] = config()
-        float(built[label](data))
+        float(built[label](data))  # (traced here: a patched build's patch holds through it)
         print(f"built {label}: {time.perf_counter() - began:.1f} s", flush=True)
     for label, (_, seconds, loss) in time_interleaved(built, data, args.timed, 3).items():
         print(f"timed {label}: {seconds * 1e3:.2f} ms, loss {loss:.6f}", flush=True)
@@ -97,6 +105,42 @@ def main() -> None:
         if args.tail_ms:
             tail(path, args.tail_ms)
         sys.stdout.flush()
+
+
+def _before_35(config):
+    """`config`, its step built and first called with the check of before session 35."""
+    import contextlib
+    from unittest import mock
+
+    from towers.step import _apply_reduced, _nonfinite, _train_step
+
+    def judged_inside(reduced, grads, nonfinite, *rest):  # (one copy under "raise" too)
+        return _nonfinite.judged_inside(reduced, grads, nonfinite and "skip", *rest)
+
+    def writes_choose(optimizer, jit, state, accumulate, scale, *rest):  # (compiled only)
+        return _nonfinite.writes_choose(optimizer, jit, state, accumulate, scale)
+
+    def _patches():
+        stack = contextlib.ExitStack()
+        stack.enter_context(mock.patch.object(_apply_reduced, "judged_inside", judged_inside))
+        stack.enter_context(mock.patch.object(_train_step, "writes_choose", writes_choose))
+        return stack
+
+    def built():
+        with _patches():
+            step = config()
+        traced = []
+
+        def call(data):
+            if traced:
+                return step(data)
+            traced.append(True)
+            with _patches():  # (the first call traces the step's graph)
+                return step(data)
+
+        return call
+
+    return built
 
 
 def _split_mb(devices: int) -> int:

@@ -116,8 +116,10 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         after it. Every copy's update (its choice inside) and check are programs on its
         devices; no old values are copied apart. With every gradient dense ("dense": the
         embedding's too) each copy's update program decides its verdict: no check apart.
-        So too on one GPU of its own ("one_gpu": `Replicated` on one device, on CPU devices
-        `_one_gpu` patched to say so), where `sparse="auto"` sends the table dense."""
+        On one GPU of its own ("one_gpu": `Replicated` on one device, on CPU devices
+        `_one_gpu` patched to say so) `sparse="auto"` sends the table dense, and under "raise"
+        the one copy's check is a program in front of its update, which the host's check
+        reads beside the update."""
         _on_cpus(self)
         devices = test_util.devices(1 if strategy == "one_gpu" else 3)
         if strategy == "one_gpu" and test_util.KIND == "CPU":
@@ -161,12 +163,18 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         if strategy == "replicated" and test_util.KIND == "CPU":  # (the embedding's rows)
             self.assertLen(copied, 3)
         # (Where the exchange leaves no sparse rows, as on GPUs, every copy's update judges.)
-        judging = strategy in ("dense", "one_gpu") or (strategy == "replicated" and not copied)
+        judging = strategy == "dense" or (strategy == "replicated" and not copied)
         if judging:
             self.assertEmpty(_programs_of(graph, "finite_flags"))
         if strategy == "one_gpu":  # (no table copied and chosen beside rows' kernels)
             self.assertEmpty(copied)
             self.assertEmpty(_programs_of(graph, "kept_writes"))
+            # One copy under "raise": its flags are made in front of its update, and the
+            # host's check reads them beside the update, not after it.
+            (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+            (flags,) = _programs_of(graph, "finite_flags")
+            self.assertIn(flags, test_util.ancestors(check))
+            self.assertEmpty(test_util.ancestors(check) & set(_programs_of(graph, "update")))
         for name in ("update", "finite_flags") if not judging else ("update",):
             on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
             if strategy == "sharded":  # (each owner its shares; one owns only the embedding)
@@ -272,18 +280,20 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             session.run(loss, {poison: 1.0})
             self.assertFalse(np.array_equal(session.run(state[0]), before[0]))
 
-    @parameterized.parameters("judged", "hook")
+    @parameterized.parameters("judged", "raise", "hook")
     def test_half_precision_gradients_enter_the_programs_narrow(self, verdict):
         """Under bfloat16 compute a float32 variable's gradient is a bfloat16 one cast to
         float32. On one device the uncompiled update program takes that bfloat16 tensor and
-        widens it inside, and so does the check where it is a program apart (with a hook,
-        "hook"): no cast runs before them (on a GPU, a kernel per gradient and twice the
-        bytes read). Three steps give the weights of the same step with the narrow forms
-        hidden (bit for bit on CPUs) and of the hand-written whole-batch step (within
-        bfloat16's rounding); a NaN step raises and changes nothing."""
+        widens it inside, and so does the check where it is a program apart ("raise", whose
+        check is in front of the update, and a hook's, "hook"): no cast runs before them (on
+        a GPU, a kernel per gradient and twice the bytes read). Three steps give the weights
+        of the same step with the narrow forms hidden (bit for bit on CPUs) and of the
+        hand-written whole-batch step (within bfloat16's rounding); a NaN step raises
+        ("skip", where the update judges: is skipped) and changes nothing."""
         _on_cpus(self)
         devices = test_util.devices(1)
         hook = (lambda grads, variables: grads) if verdict == "hook" else None
+        nonfinite = "skip" if verdict == "judged" else "raise"
 
         def run(hidden):
             found = compiled_test._hidden_if(hidden)
@@ -295,7 +305,7 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
                 def step(batch):
                     return towers.train_step(
                         lambda b: compiled_test._mixed_loss(model.local())(b), model,
-                        optimizer, batch, devices, gradient_hook=hook,
+                        optimizer, batch, devices, gradient_hook=hook, nonfinite=nonfinite,
                     )  # fmt: skip
 
                 for i in range(3):
@@ -303,8 +313,11 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
                 weights = [v.numpy() for v in model.replicas[0].variables]
                 inputs, labels = compiled_test._mixed_batch(3)
                 inputs[5, 7] = np.nan
-                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "NaN or Inf"):
+                if nonfinite == "skip":
                     step((inputs, labels))
+                else:
+                    with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "NaN or Inf"):
+                        step((inputs, labels))
                 for got, want in zip(model.replicas[0].variables, weights):
                     np.testing.assert_array_equal(got.numpy(), want)
                 graph = step.get_concrete_function(compiled_test._mixed_batch(0)).graph

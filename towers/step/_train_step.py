@@ -217,7 +217,9 @@ def train_step(
             state_updates=state_updates,
             jit_compile=jit_compile,
         )
-        chosen_inside = writes_choose(optimizer, jit_compile, state_updates, accumulate, loss_scale)
+        chosen_inside = writes_choose(
+            optimizer, jit_compile, state_updates, accumulate, loss_scale, reduced, gradient_hook
+        )
     loss = ops.merge_outputs(losses, "mean", weights=sizes, device=merge_device)
     if outputs[0] is not None:
         outputs = ops.merge_outputs(outputs, merge, weights=sizes, device=merge_device)
@@ -229,8 +231,9 @@ def train_step(
     # "raise": after every transfer and merge of the step, so that when it fails nothing of
     # the step still crosses between devices (no exchange is cancelled: no TensorFlow noise
     # around it); and after every write, unless each is a program that chooses for itself
-    # and the step has copies (a parameter server's updates cut its transfers, CPU probe).
-    early = chosen_inside and not after and len(reduced) > 1
+    # and the step has copies (a parameter server's updates cut its transfers, CPU probe) or
+    # is one uncompiled copy updated by one program on its GPU (`writes_choose`).
+    early = chosen_inside and not after and (len(reduced) > 1 or not jit_compile)
     exchanged = [copy.grads for copy in reduced] if early else None
     return checked_loss(verdict, updates, loss, outputs, exchanged), outputs
 
