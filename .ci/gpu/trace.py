@@ -52,6 +52,13 @@ def main() -> None:
         "copy's update program judges, and the check waits for it)",
     )
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/trace_out"))
+    parser.add_argument(
+        "--host_loss",
+        action="store_true",
+        help='"towers replicated" twice more, its loss returned from its host copy (one copy '
+        "whose check runs beside the update): after the check, and after the check and updates",
+    )
+    parser.add_argument("--no_trace", action="store_true", help="time the rows only")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     devices = bench_devices(args.devices, args.gpu_split_mb or _split_mb(args.devices))
@@ -74,6 +81,12 @@ def main() -> None:
     chosen = {label: row for label, row in rows.items() if re.search(args.configs, label)}
     if args.before_35:
         chosen["towers replicated, check before session 35"] = _before_35(rows["towers replicated"])
+    if args.host_loss:
+        for updates in (False, True):
+            label = "towers replicated, loss from the host" + (
+                " after the updates" if updates else ""
+            )
+            chosen[label] = _host_loss(rows["towers replicated"], updates)
     built = {}
     for label, config in chosen.items():
         began = time.perf_counter()
@@ -82,7 +95,7 @@ def main() -> None:
         print(f"built {label}: {time.perf_counter() - began:.1f} s", flush=True)
     for label, (_, seconds, loss) in time_interleaved(built, data, args.timed, 3).items():
         print(f"timed {label}: {seconds * 1e3:.2f} ms, loss {loss:.6f}", flush=True)
-    for n, (label, step) in enumerate(built.items()):
+    for n, (label, step) in enumerate(built.items() if not args.no_trace else ()):
         logdir = os.path.join("/tmp/trace", str(n))
         shutil.rmtree(logdir, ignore_errors=True)
         walls = []
@@ -136,6 +149,45 @@ def _before_35(config):
                 return step(data)
             traced.append(True)
             with _patches():  # (the first call traces the step's graph)
+                return step(data)
+
+        return call
+
+    return built
+
+
+def _host_loss(config, updates: bool):
+    """`config`, where one copy's early check returns the loss from its host copy."""
+    import contextlib
+    from unittest import mock
+
+    from towers.ops.internal import host_scope, update_ops
+    from towers.step import _nonfinite, _train_step
+
+    def checked_loss(verdict, ups, loss, outputs, exchanged=None):
+        if exchanged is None or len(exchanged) != 1 or verdict.mode != "raise":
+            return _nonfinite.checked_loss(verdict, ups, loss, outputs, exchanged)
+        with host_scope():
+            copied = tf.identity(loss)
+            check = _nonfinite.raised(verdict, [exchanged, copied, outputs])
+            with tf.control_dependencies((update_ops(ups) if updates else []) + check):
+                return tf.identity(copied)
+
+    def patches():
+        stack = contextlib.ExitStack()
+        stack.enter_context(mock.patch.object(_train_step, "checked_loss", checked_loss))
+        return stack
+
+    def built():
+        with patches():
+            step = config()
+        traced = []
+
+        def call(data):
+            if traced:
+                return step(data)
+            traced.append(True)
+            with patches():
                 return step(data)
 
         return call
