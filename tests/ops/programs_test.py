@@ -214,6 +214,51 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             for got, want in zip(replica.trainable_variables, reference.trainable_variables):
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
+    def test_one_copy_with_a_variable_off_the_programs_checks_after_every_write(self):
+        """One copy on a GPU (here a CPU device counted as one), one of its variables placed
+        by the user on a device without programs (here the second CPU device, counted as
+        not): that variable's update stays TensorFlow's kernels, which write in place before
+        they choose, so the check must wait for every write, not for the gradients alone. A
+        NaN step raises and changes nothing."""
+        _on_cpus(self)
+        devices = test_util.devices(2)
+        programs = lambda device: bool(device) and _spec(device) == _spec(devices[0])  # noqa: E731
+        self.enter_context(mock.patch.object(_device_updates, "in_programs", programs))
+
+        class Split(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = tf.Variable(tf.ones([3, 2]), name="w")
+                with tf.device(devices[1]):
+                    self.b = tf.Variable(tf.zeros([2]), name="b")
+
+        model = towers.Replicated(Split, [devices[0]])
+        self.assertEqual(_spec(model.replicas[0].b.device), _spec(devices[1]))
+        optimizer = towers.SGD(0.1, momentum=0.9)
+
+        def loss_fn(x):
+            local = model.local()
+            return tf.reduce_mean(tf.square(x @ local.w + local.b - 1.0))
+
+        @tf.function
+        def step(x):
+            return towers.train_step(loss_fn, model, optimizer, x, [devices[0]])[0]
+
+        graph = step.get_concrete_function(tf.TensorSpec([8, 3])).graph
+        (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+        writes = set(nonfinite_test._writes(graph))
+        self.assertNotEmpty(writes)
+        self.assertEqual(test_util.ancestors(check) & writes, writes)
+        good = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        step(good)
+        before = [nonfinite_test._state(m) for m in [*model.replicas, optimizer]]
+        good[5, 1] = np.nan
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing"):
+            step(good)
+        for module, state in zip([*model.replicas, optimizer], before):
+            for got, want in zip(nonfinite_test._state(module), state):
+                self.assertAllEqual(got, want)
+
     @parameterized.parameters("replicated", "dense")
     def test_one_nan_gradient_is_named_and_changes_nothing(self, strategy):
         """One variable's gradient NaN, the others finite: the error names that variable

@@ -112,7 +112,9 @@ def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer,
     copy under "raise": no flags cross with buckets before its program (`Judged.before`),
     so the host's check would read the program's and wait for its end before it could
     compute its report; the flags are made in front of the update instead, and the check
-    runs beside it (on an H100, 0.3% of an uncompiled GPT step: wave 5, session 35).
+    runs beside it (on an H100, 0.3% of an uncompiled GPT step: wave 5, session 35). (A step
+    compiled whole, `towers.step._one_program`, holds both in its one program, whose flags
+    the check reads after it either way.)
     """
     if nonfinite is None or not alike or not isinstance(optimizer, Optimizer):
         return False
@@ -152,17 +154,23 @@ def writes_choose(optimizer, jit: bool, state, accumulate, scale, reduced=(), ho
     """Whether every write of the step is a program that makes the verdict's choice inside.
 
     A step stopped between such programs has written old values or nothing. That is a towers
-    optimizer's compiled programs (with `jit`; or, without, on a GPU: one copy in `reduced`
-    whose whole update is one program, `one_program`, and no `hook` to change what it
-    applies), no deferred state updates (`state`), no accumulation and no loss scale (whose
-    state changes after the updates). (Uncompiled copies on several GPUs keep their check
-    after the updates: not measured to gain, and a failing check beside them may cut each
-    device's transfers.)
+    optimizer's compiled programs (with `jit`; or, without, on GPUs: one copy in `reduced`
+    whose update on each of its variables' devices is one program, `one_program`, and no
+    `hook` to change what it applies; a variable placed off the GPUs keeps kernels), no
+    deferred state updates (`state`), no accumulation and no loss scale (whose state changes
+    after the updates). (Uncompiled copies on several GPUs keep their check after the
+    updates: not measured to gain, and a failing check beside them may cut each device's
+    transfers.)
     """
-    if not jit and hook is None and len(reduced) == 1:
+    if not jit and hook is None and len(reduced) == 1:  # (by device, as the update groups)
         (copy,) = reduced
-        pairs = [(g, v) for g, v in zip(copy.grads, copy.variables) if g is not None]
-        jit = one_program(optimizer, pairs, copy.device)
+        by_device: dict[str, list] = {}
+        for g, v in zip(copy.grads, copy.variables):
+            if g is not None:
+                by_device.setdefault(v.device, []).append((g, v))
+        jit = bool(by_device) and all(
+            one_program(optimizer, pairs, device) for device, pairs in by_device.items()
+        )
     chosen_inside = jit and not state and isinstance(optimizer, Optimizer)
     return chosen_inside and accumulate is None and scale is None
 
