@@ -259,6 +259,53 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             for got, want in zip(nonfinite_test._state(module), state):
                 self.assertAllEqual(got, want)
 
+    @parameterized.parameters("raise", None)
+    def test_a_keras_optimizer_on_one_copy_trains_as_the_reference(self, nonfinite):
+        """A Keras optimizer (no towers rule to make a program of) on one copy, its device
+        counted as a GPU: the step builds and equals the hand-written reference. (Session
+        35's first early check asked the Keras class for a towers rule's methods.)"""
+        import keras
+
+        _on_cpus(self)
+        devices = test_util.devices(1)
+        model = towers.Replicated(test_util.built_model, devices)
+        reference = test_util.built_model()
+        ref_step = test_util.reference_step(reference, test_util.loss_fn(reference), 0.1)
+        optimizer = keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                test_util.loss_fn(model.local()), model, optimizer, batch, devices,
+                nonfinite=nonfinite,
+            )  # fmt: skip
+
+        for i in range(2):
+            step(test_util.batch(8, seed=i))
+            ref_step(test_util.batch(8, seed=i))
+        for got, want in zip(model.replicas[0].trainable_variables, reference.trainable_variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def test_a_parameter_server_checks_after_every_write(self):
+        """A parameter server's one copy (its variables on a device counted as a GPU, its
+        towers on two): the check waits for every write, not for the gradients alone (its
+        updates' failing check would cut the towers' transfers)."""
+        _on_cpus(self)
+        devices = test_util.devices(2)
+        model = test_util.built_model()
+
+        @tf.function
+        def step(batch):
+            return towers.train_step(
+                test_util.loss_fn(model), model, towers.SGD(0.1), batch, devices
+            )
+
+        graph = step.get_concrete_function(test_util.batch(8)).graph
+        (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+        writes = set(nonfinite_test._writes(graph))
+        self.assertNotEmpty(writes)
+        self.assertEqual(test_util.ancestors(check) & writes, writes)
+
     @parameterized.parameters("replicated", "dense")
     def test_one_nan_gradient_is_named_and_changes_nothing(self, strategy):
         """One variable's gradient NaN, the others finite: the error names that variable

@@ -154,25 +154,26 @@ def writes_choose(optimizer, jit: bool, state, accumulate, scale, reduced=(), ho
     """Whether every write of the step is a program that makes the verdict's choice inside.
 
     A step stopped between such programs has written old values or nothing. That is a towers
-    optimizer's compiled programs (with `jit`; or, without, on GPUs: one copy in `reduced`
-    whose update on each of its variables' devices is one program, `one_program`, and no
-    `hook` to change what it applies; a variable placed off the GPUs keeps kernels), no
-    deferred state updates (`state`), no accumulation and no loss scale (whose state changes
-    after the updates). (Uncompiled copies on several GPUs keep their check after the
-    updates: not measured to gain, and a failing check beside them may cut each device's
-    transfers.)
+    optimizer's compiled programs (with `jit`; or, without, on GPUs: one copy in `reduced`, on a
+    device of its own (not a parameter server's), whose update on each of its variables' devices
+    is one program, `one_program`, and no `hook` to change what it applies; a variable placed
+    off the GPUs keeps kernels), no deferred state updates (`state`), no accumulation and no
+    loss scale (whose state changes after the updates). (Uncompiled copies on several GPUs keep
+    their check after the updates: not measured to gain, and a failing check beside them may cut
+    each device's transfers.)
     """
-    if not jit and hook is None and len(reduced) == 1:  # (by device, as the update groups)
-        (copy,) = reduced
-        by_device: dict[str, list] = {}
+    if not isinstance(optimizer, Optimizer):  # (`one_program` reads a towers rule's methods)
+        return False
+    if not jit and hook is None and len(reduced) == 1 and reduced[0].device:
+        (copy,) = reduced  # (a copy of its own device: not a parameter server's)
+        by_device: dict[str, list] = {}  # (its variables by device, as its update groups them)
         for g, v in zip(copy.grads, copy.variables):
             if g is not None:
                 by_device.setdefault(v.device, []).append((g, v))
         jit = bool(by_device) and all(
             one_program(optimizer, pairs, device) for device, pairs in by_device.items()
         )
-    chosen_inside = jit and not state and isinstance(optimizer, Optimizer)
-    return chosen_inside and accumulate is None and scale is None
+    return jit and not state and accumulate is None and scale is None
 
 
 def kept_state(updates: Sequence[Any], verdict: Verdict) -> list:
