@@ -214,16 +214,19 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             for got, want in zip(replica.trainable_variables, reference.trainable_variables):
                 test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
-    def test_one_copy_with_a_variable_off_the_programs_checks_after_every_write(self):
+    @parameterized.parameters(False, True)
+    def test_one_copy_with_a_variable_off_its_device_checks_after_every_write(self, programs):
         """One copy on a GPU (here a CPU device counted as one), one of its variables placed
-        by the user on a device without programs (here the second CPU device, counted as
-        not): that variable's update stays TensorFlow's kernels, which write in place before
-        they choose, so the check must wait for every write, not for the gradients alone. A
-        NaN step raises and changes nothing."""
+        by the user on another device: one without programs (its update stays TensorFlow's
+        kernels, which write in place before they choose), or another GPU (`programs`, whose
+        transfers a failing check beside the updates could cut). Either way the check waits
+        for every write, not for the gradients alone. A NaN step raises and changes
+        nothing."""
         _on_cpus(self)
         devices = test_util.devices(2)
-        programs = lambda device: bool(device) and _spec(device) == _spec(devices[0])  # noqa: E731
-        self.enter_context(mock.patch.object(_device_updates, "in_programs", programs))
+        if not programs:
+            on = lambda device: bool(device) and _spec(device) == _spec(devices[0])  # noqa: E731
+            self.enter_context(mock.patch.object(_device_updates, "in_programs", on))
 
         class Split(tf.Module):
             def __init__(self):

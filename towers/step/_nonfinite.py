@@ -40,7 +40,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import device_scope, host_scope, library_code, selected, update_ops
+from towers.ops.internal import (
+    device_scope,
+    holds,
+    host_scope,
+    library_code,
+    selected,
+    update_ops,
+)
 from towers.optimizers import AppliesGradients, Judged, Optimizer
 from towers.optimizers._device_updates import one_program
 from towers.step._loss_scale import DynamicLossScale
@@ -154,25 +161,21 @@ def writes_choose(optimizer, jit: bool, state, accumulate, scale, reduced=(), ho
     """Whether every write of the step is a program that makes the verdict's choice inside.
 
     A step stopped between such programs has written old values or nothing. That is a towers
-    optimizer's compiled programs (with `jit`; or, without, on GPUs: one copy in `reduced`, on a
-    device of its own (not a parameter server's), whose update on each of its variables' devices
-    is one program, `one_program`, and no `hook` to change what it applies; a variable placed
-    off the GPUs keeps kernels), no deferred state updates (`state`), no accumulation and no
-    loss scale (whose state changes after the updates). (Uncompiled copies on several GPUs keep
-    their check after the updates: not measured to gain, and a failing check beside them may cut
-    each device's transfers.)
+    optimizer's compiled programs (with `jit`; or, without, on a GPU: one copy in `reduced`, on
+    a device of its own (not a parameter server's) that holds every one of its variables, whose
+    update is one program there, `one_program`, and no `hook` to change what it applies), no
+    deferred state updates (`state`), no accumulation and no loss scale (whose state changes
+    after the updates). (Uncompiled copies on several GPUs keep their check after the updates:
+    not measured to gain, and a failing check beside them may cut each device's transfers; one
+    copy's may cut its result's copy to the host, as compiled copies' may: one error more.)
     """
     if not isinstance(optimizer, Optimizer):  # (`one_program` reads a towers rule's methods)
         return False
     if not jit and hook is None and len(reduced) == 1 and reduced[0].device:
         (copy,) = reduced  # (a copy of its own device: not a parameter server's)
-        by_device: dict[str, list] = {}  # (its variables by device, as its update groups them)
-        for g, v in zip(copy.grads, copy.variables):
-            if g is not None:
-                by_device.setdefault(v.device, []).append((g, v))
-        jit = bool(by_device) and all(
-            one_program(optimizer, pairs, device) for device, pairs in by_device.items()
-        )
+        pairs = [(g, v) for g, v in zip(copy.grads, copy.variables) if g is not None]
+        on_it = all(holds(copy.device, v.device) for _, v in pairs)  # (one device's transfers)
+        jit = on_it and one_program(optimizer, pairs, copy.device)
     return jit and not state and accumulate is None and scale is None
 
 
