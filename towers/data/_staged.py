@@ -73,8 +73,14 @@ class StagedInput:
         return self
 
     @library_code
-    def take(self) -> tuple[list[Any], list[int | tf.Tensor]]:
+    def take(self, *, staging: list | None = None) -> tuple[list[Any], list[int | tf.Tensor]]:
         """This step's shards, read on their devices, and starts staging the next batch.
+
+        Args:
+          staging: Optional: a list to which the op that stages the next batch is appended.
+            A check that can fail the step (an `Assert`) should wait for it, as `train_step`'s
+            "raise" check does: failing beside it, the check would cut the next batch's copy,
+            leaving this batch staged again, or the iterator cancelled for good.
 
         Returns:
           `(shards, sizes)`: one nested shard per device (the dataset's structure), on that
@@ -101,7 +107,9 @@ class StagedInput:
                 leaf.set_shape(tf.TensorShape([size]).concatenate(spec.shape[1:]))
             shards.append(tf.nest.pack_sequence_as(self.element_spec, leaves))
         sizes = [ops.shard_sizes(shard, 1)[0] for shard in shards]
-        self._stage_next()
+        staged = self._stage_next()
+        if staging is not None:
+            staging.append(staged)
         return shards, sizes
 
     def _static_sizes(self) -> list[int | None]:

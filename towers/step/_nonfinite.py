@@ -40,14 +40,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towers.ops.internal import (
-    device_scope,
-    holds,
-    host_scope,
-    library_code,
-    selected,
-    update_ops,
-)
+from towers.ops.internal import device_scope, holds, host_scope, library_code, selected, update_ops
 from towers.optimizers import AppliesGradients, Judged, Optimizer
 from towers.optimizers._device_updates import one_program
 from towers.step._loss_scale import DynamicLossScale
@@ -208,12 +201,19 @@ def _skipped() -> tf.Tensor:
 
 @library_code
 def checked_loss(
-    verdict: Verdict, updates: Sequence[Any], loss: tf.Tensor, outputs: Any, exchanged: Any = None
+    verdict: Verdict,
+    updates: Sequence[Any],
+    loss: tf.Tensor,
+    outputs: Any,
+    exchanged: Any = None,
+    staging: Sequence[Any] = (),
 ) -> Any:
     """The step's loss, returned after its updates and, for "raise", after the host check.
 
     With a check, the loss is copied to the host first and returned from there; the check
-    waits for the copy, the updates and the merged outputs. Once it can fail nothing of the
+    waits for the copy, the updates, the merged outputs and the `staging` of staged input's
+    next batch (`StagedInput.take`: cut, it left a batch staged twice or the iterator
+    cancelled; wave 5, session 35). Once it can fail nothing of the
     step still crosses between devices, so TensorFlow reports its error once, not once more
     for each transfer it cut short. (Tried in wave 5, 6aae2ee, reverted: the check beside
     its verdict on the GPU and the loss returned from there, to spare a tf.function's result
@@ -234,7 +234,7 @@ def checked_loss(
     early = exchanged is not None
     with host_scope():
         copied = tf.identity(loss)
-        check = raised(verdict, [exchanged if early else updates, copied, outputs])
+        check = raised(verdict, [exchanged if early else updates, copied, outputs, *staging])
         if not early:
             with tf.control_dependencies(update_ops(updates) + check):
                 return tf.identity(copied)

@@ -153,7 +153,7 @@ def train_step(
     nonfinite = resolve(nonfinite, loss_scale)
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
-    shards, sizes = _shards(inputs, devices, split_device)
+    shards, sizes, staging = _shards(inputs, devices, split_device)
     micro_batches = check_micro_batches(micro_batches)
     if fits_one_program(
         strategy,
@@ -235,20 +235,24 @@ def train_step(
     # is one uncompiled copy updated by one program on its GPU (`writes_choose`).
     early = chosen_inside and not after and (len(reduced) > 1 or not jit_compile)
     exchanged = [copy.grads for copy in reduced] if early else None
-    return checked_loss(verdict, updates, loss, outputs, exchanged), outputs
+    return checked_loss(verdict, updates, loss, outputs, exchanged, staging), outputs
 
 
-def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[list, list]:
-    """Each tower's shard and the shard sizes: split now, or staged on the devices already."""
+def _shards(inputs: Any, devices: list[str], split_device: str | None) -> tuple[list, list, list]:
+    """Each tower's shard, the shard sizes, and the staging of the next batch (staged input).
+
+    Split now, or staged on the devices already (then the step stages the next batch).
+    """
     if not isinstance(inputs, StagedInput):
         shards = ops.split_batch(inputs, len(devices), device=split_device)
-        return shards, ops.shard_sizes(inputs, len(devices))
+        return shards, ops.shard_sizes(inputs, len(devices)), []
     if inputs.devices != devices:
         raise ValueError(
             f"The staged input is staged on {inputs.devices}, and the towers are built on "
             f"{devices}; give towers.prefetch_to_devices the step's devices."
         )
-    return inputs.take()
+    staging: list = []
+    return (*inputs.take(staging=staging), staging)
 
 
 def _check_accumulation(strategy: VariableStrategy, gradient_hook: Any) -> None:
