@@ -119,7 +119,7 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         On one GPU of its own ("one_gpu": `Replicated` on one device, on CPU devices
         `_one_gpu` patched to say so) `sparse="auto"` sends the table dense, and under "raise"
         the one copy's check is a program in front of its update, which the host's check
-        reads beside the update."""
+        reads beside the update. Several uncompiled copies keep the check after every update."""
         _on_cpus(self)
         devices = test_util.devices(1 if strategy == "one_gpu" else 3)
         if strategy == "one_gpu" and test_util.KIND == "CPU":
@@ -175,6 +175,11 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             (flags,) = _programs_of(graph, "finite_flags")
             self.assertIn(flags, test_util.ancestors(check))
             self.assertEmpty(test_util.ancestors(check) & set(_programs_of(graph, "update")))
+        elif strategy == "dense":  # (several uncompiled copies: the check after every update)
+            (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
+            updates = set(_programs_of(graph, "update"))
+            self.assertLen(updates, 3)
+            self.assertEqual(test_util.ancestors(check) & updates, updates)
         for name in ("update", "finite_flags") if not judging else ("update",):
             on = sorted({_spec(c.device) for c in _programs_of(graph, name)})
             if strategy == "sharded":  # (each owner its shares; one owns only the embedding)
