@@ -108,12 +108,14 @@ def reduced_updates(
     batch_size: Any = None,
     state_updates: Sequence[Callable[[], Any]] = (),
     jit_compile: bool = False,
+    after: Sequence[Any] = (),
 ) -> tuple[list, Verdict]:
     """`apply_reduced`'s updates, and the verdict whose "raise" check is still to build.
 
     For a caller with writes of its own after the updates (sharded state's all-gather):
     `raised(verdict, after=...)` once they are built, so that a failing step fails after
-    them, never between them.
+    them, never between them. `after`: what an accumulated mean's own check waits for too
+    (the staging of a staged input's next batch, `StagedInput.take`: its check can fail).
     """
     if gradient_hook is not None and not callable(gradient_hook):
         raise TypeError(f"`gradient_hook` must be callable; got {gradient_hook!r}.")
@@ -147,7 +149,8 @@ def reduced_updates(
 
     def now() -> tf.Tensor:  # the mean is checked again: every call of it may have been skipped
         mean, judged = apply(added, nonfinite=nonfinite, others=False)
-        with tf.control_dependencies(update_ops(mean + raised(judged, mean, verdict.finite))):
+        check = raised(judged, [mean, *after], verdict.finite)
+        with tf.control_dependencies(update_ops(mean + check)):
             return tf.constant(True)
 
     ready = accumulate.ready()  # on the host: the calls' count, not a device's value
@@ -236,17 +239,8 @@ def _judged(
     names_of = None
     if isinstance(optimizer, Optimizer):
         names_of = functools.partial(optimizer.state_name, create=False)
-    return judge(
-        grads,
-        variables,
-        devices,
-        nonfinite,
-        rates,
-        elsewhere,
-        compiled=jit,
-        names_of=names_of,
-        alike=alike,
-    )
+    # (positional: per_copy, variables, devices, mode, rates, elsewhere, compiled, names_of, alike)
+    return judge(grads, variables, devices, nonfinite, rates, elsewhere, jit, names_of, alike)
 
 
 @library_code

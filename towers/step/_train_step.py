@@ -216,6 +216,7 @@ def train_step(
             batch_size=_total(sizes),
             state_updates=state_updates,
             jit_compile=jit_compile,
+            after=staging,
         )
         chosen_inside = writes_choose(
             optimizer, jit_compile, state_updates, accumulate, loss_scale, reduced, gradient_hook
