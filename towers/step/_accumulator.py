@@ -122,22 +122,27 @@ class GradientAccumulator(tf.Module, CopiedState):
         return means
 
     @library_code
-    def finish(self, ready: tf.Tensor, batch_size: Any, after: list) -> Any:
+    def finish(self, ready: tf.Tensor, batch_size: Any, after: list, keep: Any = None) -> Any:
         """Counts the call; after an update (`ready`) zeroes the sums and the example count.
 
         Args:
           ready: From `ready()`, for this call.
           batch_size: This call's number of examples.
           after: Ops that must run first (the update, which reads the sums).
+          keep: Optional boolean scalar: False leaves everything as it was (a call that
+            fails under "raise": not counted, no reset; the count waits for it on the host).
 
         Returns:
           The op.
         """
         with tf.control_dependencies(after):
+            if keep is not None:
+                ready = tf.logical_and(ready, keep)
             resets = [
                 total.assign(tf.where(ready, tf.zeros_like(total), total))
                 for _, _, total in self._sums.values()
             ]
             with tf.device(self.calls.device):
                 examples = tf.where(ready, 0.0, self.examples + tf.cast(batch_size, tf.float32))
-                return tf.group(resets, self.examples.assign(examples), self.calls.assign_add(1))
+                one = tf.constant(1, tf.int64) if keep is None else tf.cast(keep, tf.int64)
+                return tf.group(resets, self.examples.assign(examples), self.calls.assign_add(one))

@@ -21,6 +21,7 @@ from towers.step._loss_scale import LossScale, scale_value
 from towers.step._nonfinite import (
     applied,
     finite_rate,
+    flags_elsewhere,
     judged_inside,
     judging_updates,
     kept_state,
@@ -147,8 +148,14 @@ def reduced_updates(
         with tf.control_dependencies(update_ops(added)):
             updates.append(loss_scale.update(verdict.chosen))
 
+    # "raise": a failing call changes nothing, the cycle it would complete included (its
+    # mean's update writes old values; no reset, no count), so the sums stay as before it.
+    this_call = verdict.finite if nonfinite == "raise" else None
+
     def now() -> tf.Tensor:  # the mean is checked again: every call of it may have been skipped
-        mean, judged = apply(added, nonfinite=nonfinite, others=False)
+        mean, judged = apply(
+            added, nonfinite=nonfinite, others=[this_call] if this_call is not None else False
+        )
         check = raised(judged, [mean, *after], verdict.finite)
         with tf.control_dependencies(update_ops(mean + check)):
             return tf.constant(True)
@@ -158,7 +165,7 @@ def reduced_updates(
     # first GPU, whichever devices the towers are on.
     with host_scope(), tf.control_dependencies(update_ops(updates)):
         done = tf.cond(ready, now, lambda: tf.constant(False))
-    finished = accumulate.finish(ready, batch_size, after=update_ops(done))
+    finished = accumulate.finish(ready, batch_size, after=update_ops(done), keep=this_call)
     return [done, finished, *updates], verdict
 
 
@@ -224,16 +231,14 @@ def _pairs(copy: ReducedGradients, grads: Sequence) -> list:
     ]
 
 
-def _judged(
-    reduced, grads, nonfinite, rates, others: bool, jit: bool, optimizer, alike: bool
-) -> Verdict:
-    """The verdict on each copy's `grads` (and, with `others`, other processes' shares).
+def _judged(reduced, grads, nonfinite, rates, others, jit: bool, optimizer, alike: bool) -> Verdict:
+    """The verdict on each copy's `grads` (and the flags from elsewhere: `flags_elsewhere`).
 
     `alike`: the copies' gradients are the strategy's, unchanged (no hook ran on them).
 
     The error names variables as weight files do, where a towers optimizer knows them.
     """
-    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
+    elsewhere = flags_elsewhere(reduced, others)
     variables = [c.variables for c in reduced]
     devices = [c.device for c in reduced]
     names_of = None

@@ -104,7 +104,7 @@ def applied(
     return tf.cond(finite, lambda: _done(apply_gradients(pairs)), _skipped)
 
 
-def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer, alike) -> bool:
+def judged_inside(reduced, grads, nonfinite, others, jit: bool, optimizer, alike) -> bool:
     """Whether each copy's update program decides its verdict.
 
     A towers optimizer, copies that judge alone (`judgeable`), and their updates compiled:
@@ -112,9 +112,8 @@ def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer,
     copy under "raise": no flags cross with buckets before its program (`Judged.before`),
     so the host's check would read the program's and wait for its end before it could
     compute its report; the flags are made in front of the update instead, and the check
-    runs beside it (on an H100, 0.3% of an uncompiled GPT step: wave 5, session 35). (A step
-    compiled whole, `towers.step._one_program`, holds both in its one program, whose flags
-    the check reads after it either way.)
+    runs beside it (on an H100, 0.3% of an uncompiled GPT step: wave 5, session 35; in a step
+    compiled whole, `towers.step._one_program`, both lie in its one program).
     """
     if nonfinite is None or not alike or not isinstance(optimizer, Optimizer):
         return False
@@ -127,9 +126,16 @@ def judged_inside(reduced, grads, nonfinite, others: bool, jit: bool, optimizer,
         for c, copy_grads in zip(reduced, grads)
     ):
         return False
-    elsewhere = [c.finite for c in reduced if c.finite is not None] if others else []
+    elsewhere = flags_elsewhere(reduced, others)
     variables = [c.variables for c in reduced]
     return judgeable(grads, variables, [c.device for c in reduced], elsewhere)
+
+
+def flags_elsewhere(reduced, others) -> list:
+    """Flags from elsewhere: other processes' shares (`others` True), none (False), or listed."""
+    if others is True:
+        return [c.finite for c in reduced if c.finite is not None]
+    return list(others or [])
 
 
 def judging_updates(

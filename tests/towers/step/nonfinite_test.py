@@ -461,6 +461,36 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         for total in accumulator.sum_variables:
             self.assertAllEqual(total, tf.zeros_like(total))
 
+    @parameterized.parameters("ps", "replicated")
+    def test_a_bad_call_that_would_apply_raises_and_changes_nothing(self, strategy):
+        """ "raise", two calls per update: the second call's batch is bad. It fails and
+        changes nothing: not counted, the first call's sums kept, no weight written (before,
+        session 35's review: it counted, applied the first call's mean and reset the sums).
+        The next good call then applies the mean of the first and its own batch."""
+        model, accumulator, poison, step = _poisonable(strategy, 2, nonfinite="raise")
+        trained = model.replicas if strategy == "replicated" else [model]
+        batches = [test_util.batch(n, seed=i) for i, n in enumerate((5, 7, 4))]
+        step(batches[0])
+        before = [_state(m) for m in [*trained, accumulator]]
+        poison.assign(np.nan)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing"):
+            step(batches[1])
+        for module, state in zip([*trained, accumulator], before):
+            for got, want in zip(_state(module), state):
+                self.assertAllEqual(got, want)
+        poison.assign(1.0)
+        step(batches[2])  # applies the mean of batches 0 and 2, over their 9 examples
+        reference = _build()
+        with tf.GradientTape() as tape:
+            loss, _ = test_util.loss_fn(reference)(_concat(batches[0], batches[2]))
+        grads = tape.gradient(loss, reference.trainable_variables)
+        towers.SGD(0.5).apply_gradients(zip(grads, reference.trainable_variables))
+        for copy in trained:
+            for got, want in zip(copy.variables, reference.variables):
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        self.assertEqual(float(accumulator.examples), 0.0)
+        self.assertEqual(int(accumulator.calls), 2)
+
     # Each pair of (mode, rate, copies) once: each mode with each kind of rate and on each
     # strategy, each kind of rate on each strategy.
     @parameterized.parameters(
