@@ -120,11 +120,36 @@ def main() -> None:
         sys.stdout.flush()
 
 
-def _before_35(config):
-    """`config`, its step built and first called with the check of before session 35."""
+def _patched(config, patches: list):
+    """`config`, its step built and first called (traced) under `patches`: (module, name, value)."""
     import contextlib
     from unittest import mock
 
+    def patching():
+        stack = contextlib.ExitStack()
+        for module, name, value in patches:
+            stack.enter_context(mock.patch.object(module, name, value))
+        return stack
+
+    def built():
+        with patching():
+            step = config()
+        traced = []
+
+        def call(data):
+            if traced:
+                return step(data)
+            traced.append(True)
+            with patching():  # (the first call traces the step's graph)
+                return step(data)
+
+        return call
+
+    return built
+
+
+def _before_35(config):
+    """`config`, its step built with the check of before session 35."""
     from towers.step import _apply_reduced, _nonfinite, _train_step
 
     def judged_inside(reduced, grads, nonfinite, *rest):  # (one copy under "raise" too)
@@ -133,66 +158,30 @@ def _before_35(config):
     def writes_choose(optimizer, jit, state, accumulate, scale, *rest):  # (compiled only)
         return _nonfinite.writes_choose(optimizer, jit, state, accumulate, scale)
 
-    def _patches():
-        stack = contextlib.ExitStack()
-        stack.enter_context(mock.patch.object(_apply_reduced, "judged_inside", judged_inside))
-        stack.enter_context(mock.patch.object(_train_step, "writes_choose", writes_choose))
-        return stack
-
-    def built():
-        with _patches():
-            step = config()
-        traced = []
-
-        def call(data):
-            if traced:
-                return step(data)
-            traced.append(True)
-            with _patches():  # (the first call traces the step's graph)
-                return step(data)
-
-        return call
-
-    return built
+    return _patched(
+        config,
+        [
+            (_apply_reduced, "judged_inside", judged_inside),
+            (_train_step, "writes_choose", writes_choose),
+        ],
+    )
 
 
 def _host_loss(config, updates: bool):
     """`config`, where one copy's early check returns the loss from its host copy."""
-    import contextlib
-    from unittest import mock
-
     from towers.ops.internal import host_scope, update_ops
     from towers.step import _nonfinite, _train_step
 
-    def checked_loss(verdict, ups, loss, outputs, exchanged=None):
+    def checked_loss(verdict, ups, loss, outputs, exchanged=None, staging=()):
         if exchanged is None or len(exchanged) != 1 or verdict.mode != "raise":
-            return _nonfinite.checked_loss(verdict, ups, loss, outputs, exchanged)
+            return _nonfinite.checked_loss(verdict, ups, loss, outputs, exchanged, staging)
         with host_scope():
             copied = tf.identity(loss)
-            check = _nonfinite.raised(verdict, [exchanged, copied, outputs])
+            check = _nonfinite.raised(verdict, [exchanged, copied, outputs, *staging])
             with tf.control_dependencies((update_ops(ups) if updates else []) + check):
                 return tf.identity(copied)
 
-    def patches():
-        stack = contextlib.ExitStack()
-        stack.enter_context(mock.patch.object(_train_step, "checked_loss", checked_loss))
-        return stack
-
-    def built():
-        with patches():
-            step = config()
-        traced = []
-
-        def call(data):
-            if traced:
-                return step(data)
-            traced.append(True)
-            with patches():
-                return step(data)
-
-        return call
-
-    return built
+    return _patched(config, [(_train_step, "checked_loss", checked_loss)])
 
 
 def _split_mb(devices: int) -> int:
