@@ -33,6 +33,34 @@ def _step(model, optimizer, devices, jit_compile=False):
     return step
 
 
+class _Net(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(tf.ones([8, 8]) / 8, name="w")
+
+
+def _tanh_net(devices):
+    """`Replicated` copies of one 8x8 weight, and a loss of a `_numbered` batch."""
+    model = towers.Replicated(_Net, devices)
+
+    def loss_fn(batch):
+        return tf.reduce_mean(tf.square(tf.tanh(batch[0] @ model.local().w) - 1.0))
+
+    return model, loss_fn
+
+
+def _numbered(count, nan_every=0):
+    """Batches of 16: features i / 100 (NaN in every `nan_every`-th, from the third), and i."""
+
+    def batch(i):
+        x = tf.fill([16, 8], tf.cast(i, tf.float32) / 100.0)
+        if nan_every:
+            x = tf.where(tf.equal(i % nan_every, nan_every - 1), np.nan, x)
+        return x, tf.fill([16], i)
+
+    return tf.data.Dataset.range(count).map(batch)
+
+
 class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.parameters(False, True)
     def test_trains_like_one_device_on_the_same_batches(self, jit_compile):
@@ -139,20 +167,7 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         the staging, in about a quarter of failing calls on CPU devices: the failing batch
         staged again, the next one lost, or the iterator cancelled for good."""
         devices = test_util.devices(2)
-
-        class Net(tf.Module):
-            def __init__(self):
-                super().__init__()
-                self.w = tf.Variable(tf.ones([8, 8]) / 8, name="w")
-
-        model = towers.Replicated(Net, devices)
-
-        def batch(i):  # (batches 2, 5, 8, ...: NaN; the second leaf says which batch it is)
-            x = tf.fill([16, 8], tf.cast(i, tf.float32) / 100.0)
-            return tf.where(tf.equal(i % 3, 2), np.nan, x), tf.fill([16], i)
-
-        def loss_fn(b):
-            return tf.reduce_mean(tf.square(tf.tanh(b[0] @ model.local().w) - 1.0))
+        model, loss_fn = _tanh_net(devices)
 
         @tf.function
         def step(staged):
@@ -160,7 +175,7 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
                 loss_fn, model, towers.SGD(0.1), staged, devices, jit_compile=jit_compile
             )[0]
 
-        staged = towers.prefetch_to_devices(tf.data.Dataset.range(30).map(batch), devices)
+        staged = towers.prefetch_to_devices(_numbered(30, nan_every=3), devices)
         graph = step.get_concrete_function(staged).graph
         (staging,) = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
         (check,) = [
@@ -170,44 +185,34 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
                 for t in op.inputs if t.op.type == "Const" and t.dtype == tf.string)
         ]  # fmt: skip
         self.assertIn(staging, test_util.ancestors(check))
-        for i in range(29):
-            if i % 3 == 2:
-                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "NaN or Inf"):
-                    step(staged)
-            else:
-                step(staged)
-            self.assertEqual(staged.staged_arrays()["1"][0], i + 1, i)
+        self._assert_in_order(step, staged, 29, lambda i: i % 3 == 2, "NaN or Inf")
 
     def test_a_failing_accumulated_mean_stages_the_next_batch_and_loses_none(self):
         """With `accumulate`, the mean's own check (here a learning rate gone NaN: each
         call's gradients are finite) waits for the staging too. Before (session 35's third
         review), 9 of 20 such failing calls left the input off by a batch or more."""
         devices = test_util.devices(2)
-
-        class Net(tf.Module):
-            def __init__(self):
-                super().__init__()
-                self.w = tf.Variable(tf.ones([8, 8]) / 8, name="w")
-
-        model = towers.Replicated(Net, devices)
+        model, loss_fn = _tanh_net(devices)
         rate = tf.Variable(0.1)
         optimizer, every = towers.SGD(rate), towers.GradientAccumulator(every=1)
-
-        def batch(i):
-            return tf.fill([16, 8], tf.cast(i, tf.float32) / 100.0), tf.fill([16], i)
-
-        def loss_fn(b):
-            return tf.reduce_mean(tf.square(tf.tanh(b[0] @ model.local().w) - 1.0))
 
         @tf.function
         def step(staged):
             return towers.train_step(loss_fn, model, optimizer, staged, devices, accumulate=every)
 
-        staged = towers.prefetch_to_devices(tf.data.Dataset.range(40).map(batch), devices)
-        for i in range(30):
+        def failing(i):  # (the rate NaN on every other call)
             rate.assign(np.nan if i % 2 else 0.1)
-            if i % 2:
-                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "learning rate"):
+            return i % 2 == 1
+
+        staged = towers.prefetch_to_devices(_numbered(40), devices)
+        self._assert_in_order(step, staged, 30, failing, "learning rate")
+
+    def _assert_in_order(self, step, staged, calls, failing, message):
+        """`calls` calls of `step`, those `failing(i)` names raising `message`; after each,
+        the batch after it is staged (`_numbered`'s second leaf says which)."""
+        for i in range(calls):
+            if failing(i):
+                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
                     step(staged)
             else:
                 step(staged)
