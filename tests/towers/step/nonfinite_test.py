@@ -140,6 +140,19 @@ def _poisonable(strategy, every, **options):
     return model, accumulator, poison, step
 
 
+def _assert_one_mean_step(trained, *batches):
+    """Each of `trained` equals `_build()` after one SGD(0.5) step, by hand, on `batches`
+    joined: the update an accumulation of them applies (`_poisonable`'s)."""
+    reference = _build()
+    with tf.GradientTape() as tape:
+        loss, _ = test_util.loss_fn(reference)(_concat(*batches))
+    grads = tape.gradient(loss, reference.trainable_variables)
+    towers.SGD(0.5).apply_gradients(zip(grads, reference.trainable_variables))
+    for copy in trained:
+        for got, want in zip(copy.variables, reference.variables):
+            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 class _Scaled(towers.schedules.Schedule):
     """A schedule of the user's: a variable times (1 + step)."""
 
@@ -427,14 +440,8 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
         step(batches[1])  # not an applying call: before, its NaN stayed in the sums
         poison.assign(1.0)
         step(batches[2])  # applies the mean of batches 0 and 2, over their 9 examples
-        reference = _build()
-        with tf.GradientTape() as tape:
-            loss, _ = test_util.loss_fn(reference)(_concat(batches[0], batches[2]))
-        grads = tape.gradient(loss, reference.trainable_variables)
-        towers.SGD(0.5).apply_gradients(zip(grads, reference.trainable_variables))
         trained = model.replicas[0] if strategy == "replicated" else model
-        for got, want in zip(trained.variables, reference.variables):
-            test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        _assert_one_mean_step([trained], batches[0], batches[2])
         self.assertEqual(float(accumulator.examples), 0.0)
 
     def test_the_loss_scale_hears_of_every_bad_call(self):
@@ -480,14 +487,7 @@ class GuardTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertAllEqual(got, want)
         poison.assign(1.0)
         step(batches[2])  # applies the mean of batches 0 and 2, over their 9 examples
-        reference = _build()
-        with tf.GradientTape() as tape:
-            loss, _ = test_util.loss_fn(reference)(_concat(batches[0], batches[2]))
-        grads = tape.gradient(loss, reference.trainable_variables)
-        towers.SGD(0.5).apply_gradients(zip(grads, reference.trainable_variables))
-        for copy in trained:
-            for got, want in zip(copy.variables, reference.variables):
-                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        _assert_one_mean_step(trained, batches[0], batches[2])
         self.assertEqual(float(accumulator.examples), 0.0)
         self.assertEqual(int(accumulator.calls), 2)
 
