@@ -122,7 +122,51 @@ class GradientAccumulator(tf.Module, CopiedState):
         return means
 
     @library_code
-    def finish(self, ready: tf.Tensor, batch_size: Any, after: list, keep: Any = None) -> Any:
+    def peek(self, grads: list, variables: list, batch_size: Any, keep: Any = None) -> tuple:
+        """`add`'s means, nothing written: this call is held until `finish(pending=...)`.
+
+        So that a call completing `every` calls can have its mean checked (the learning rate,
+        the gradient hook's output) before it changes any sum.
+
+        Args:
+          grads: The reduced gradients of this call (None: nothing added).
+          variables: The variables they belong to (one copy).
+          batch_size: This call's number of examples (0 for a call that adds nothing).
+          keep: Optional boolean scalar: False holds zeros instead of the gradients.
+
+        Returns:
+          `(means, pending)`: per variable, the sum so far with this call's gradients
+          divided by the examples so far with its own (None stays None); and what `finish`
+          writes.
+        """
+        examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
+        means, pending = [], []
+        for grad, var in zip(grads, variables):
+            if grad is None:
+                means.append(None)
+                continue
+            total = self._sums[var.ref()][2]
+            with tf.device(var.device):
+                if isinstance(grad, tf.IndexedSlices):
+                    grad = densified(grad, var)
+                if keep is not None:
+                    grad = tf.where(keep, grad, tf.zeros_like(grad))
+                held = grad * tf.cast(batch_size, grad.dtype)
+                means.append((total + held) / tf.cast(examples, grad.dtype))
+            pending.append((total, held))
+        return means, pending
+
+    @library_code
+    def finish(
+        self,
+        ready: tf.Tensor,
+        batch_size: Any,
+        after: list,
+        keep: Any = None,
+        *,
+        pending: list | None = None,
+        applied: Any = True,
+    ) -> Any:
         """Counts the call; after an update (`ready`) zeroes the sums and the example count.
 
         Args:
@@ -131,11 +175,18 @@ class GradientAccumulator(tf.Module, CopiedState):
           after: Ops that must run first (the update, which reads the sums).
           keep: Optional boolean scalar: False leaves everything as it was (a call that
             fails under "raise": not counted, no reset; the count waits for it on the host).
+          pending: From `peek`: this call's gradients, added where the call does not
+            complete `every` calls (one that does is in its mean; or, not `applied`, is
+            dropped with its examples).
+          applied: A boolean scalar: whether the mean's update was applied; False keeps
+            the sums and the examples of a `ready` call as they were.
 
         Returns:
           The op.
         """
         with tf.control_dependencies(after):
+            if pending is not None:
+                return self._settled(ready, batch_size, keep, pending, applied)
             if keep is not None:
                 ready = tf.logical_and(ready, keep)
             resets = [
@@ -146,3 +197,22 @@ class GradientAccumulator(tf.Module, CopiedState):
                 examples = tf.where(ready, 0.0, self.examples + tf.cast(batch_size, tf.float32))
                 one = tf.constant(1, tf.int64) if keep is None else tf.cast(keep, tf.int64)
                 return tf.group(resets, self.examples.assign(examples), self.calls.assign_add(one))
+
+    def _settled(self, ready, batch_size, keep, pending: list, applied) -> tf.Operation:
+        """`finish` for a call held by `peek`: added, or (ready) reset if applied, or kept."""
+        with tf.device(self.calls.device):
+            writes = tf.constant(True) if keep is None else tf.convert_to_tensor(keep)
+            reset = tf.logical_and(tf.logical_and(ready, applied), writes)
+            add = tf.logical_and(tf.logical_not(ready), writes)
+        held_by = {total.ref(): held for total, held in pending}
+        sums = []
+        for _, _, total in self._sums.values():  # (a sum this call adds nothing to: reset)
+            held = held_by.get(total.ref())
+            with tf.device(total.device):
+                kept = total if held is None else tf.where(add, total + held, total)
+                sums.append(total.assign(tf.where(reset, tf.zeros_like(total), kept)))
+        with tf.device(self.calls.device):
+            examples = self.examples + tf.where(add, tf.cast(batch_size, tf.float32), 0.0)
+            examples = tf.where(reset, 0.0, examples)
+            one = tf.cast(writes, tf.int64)
+            return tf.group(sums, self.examples.assign(examples), self.calls.assign_add(one))

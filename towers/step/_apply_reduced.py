@@ -9,11 +9,11 @@ import tensorflow as tf
 from towers.core import as_caller_would, user_code_entry
 from towers.ops.internal import (
     device_scope,
-    host_scope,
     library_code,
     update_ops,
 )
 from towers.optimizers import AppliesGradients, Optimizer
+from towers.step._accumulated import accumulated_updates
 from towers.step._accumulator import GradientAccumulator
 from towers.step._compiled import check_jit_compile
 from towers.step._hook_checks import checked, unique_rows
@@ -56,14 +56,15 @@ def apply_reduced(
       gradient_hook: As in `train_step`, called once per entry of `reduced` with the unscaled
         (and accumulated) gradients.
       loss_scale: The loss scale the gradients carry (divided out here); a `LossScale`
-        object is also told whether the step (with `accumulate`: this call) was finite.
+        object is also told whether the step (with `accumulate`: this call) was finite,
+        except under "raise" (a failing step is not skipped: it fails).
       nonfinite: What a NaN or Inf in a gradient (or in a towers optimizer's learning rate)
         does, as in `train_step` (the same default: "raise", or "skip" with a loss scale):
         "skip" (no state changes: weights, optimizer state, `state_updates`, accumulated
         sums; decided on the devices), "raise" (the same, then the updates' run fails with
         an error naming the variables) or None (no check). With `accumulate`, each call's
         gradients are checked as they are added: a skipped call adds neither its gradients
-        nor its examples.
+        nor its examples, nor does a call whose mean is not applied (docs/precision.md).
       accumulate: A `GradientAccumulator`: the gradients are added to its sums, and the
         hook and the optimizer run only every `every` calls, on the mean.
       batch_size: This call's number of examples (needed with `accumulate`).
@@ -134,39 +135,19 @@ def reduced_updates(
         return apply(given, loss_scale=loss_scale, nonfinite=nonfinite, state=state_updates)
     # Each call is judged as it is added: a bad micro-batch must not poison the sums.
     verdict = _judged(reduced, given, nonfinite, None, True, jit_compile, optimizer, alike=True)
-    added = []
-    for i, (copy, grads) in enumerate(zip(reduced, given)):
-        with device_scope(copy.device):
-            size = batch_size
-            if nonfinite is not None:  # a skipped call adds no examples
-                size = tf.where(verdict.of(i), tf.cast(batch_size, tf.float32), 0.0)
-            added.append(accumulate.add(grads, copy.variables, size, keep=verdict.of(i)))
-    if nonfinite is not None:
-        batch_size = tf.where(verdict.chosen, tf.cast(batch_size, tf.float32), 0.0)
-    updates = kept_state(state_updates, verdict)
-    if isinstance(loss_scale, LossScale):
-        with tf.control_dependencies(update_ops(added)):
-            updates.append(loss_scale.update(verdict.chosen))
-
-    # "raise": a failing call changes nothing, the cycle it would complete included (its
-    # mean's update writes old values; no reset, no count), so the sums stay as before it.
-    this_call = verdict.finite if nonfinite == "raise" else None
-
-    def now() -> tf.Tensor:  # the mean is checked again: every call of it may have been skipped
-        mean, judged = apply(
-            added, nonfinite=nonfinite, others=[this_call] if this_call is not None else False
-        )
-        check = raised(judged, [mean, *after], verdict.finite)
-        with tf.control_dependencies(update_ops(mean + check)):
-            return tf.constant(True)
-
-    ready = accumulate.ready()  # on the host: the calls' count, not a device's value
-    # The cond beside its predicate: unplaced, it (and its branches' constants) went to the
-    # first GPU, whichever devices the towers are on.
-    with host_scope(), tf.control_dependencies(update_ops(updates)):
-        done = tf.cond(ready, now, lambda: tf.constant(False))
-    finished = accumulate.finish(ready, batch_size, after=update_ops(done), keep=this_call)
-    return [done, finished, *updates], verdict
+    updates = accumulated_updates(
+        reduced,
+        given,
+        verdict,
+        accumulate,
+        batch_size,
+        apply=apply,
+        nonfinite=nonfinite,
+        loss_scale=loss_scale,
+        state_updates=state_updates,
+        after=after,
+    )
+    return updates, verdict
 
 
 def _apply_now(
@@ -216,7 +197,9 @@ def _apply_now(
                 pairs = _pairs(copy, grads)
                 updates.append(applied(optimizer, apply_gradients, pairs, verdict.of(i), jit))
     updates += kept_state(state, verdict)
-    if isinstance(loss_scale, LossScale):  # after the updates: they read the scale it changes
+    # After the updates: they read the scale it changes. Not under "raise": a failing step
+    # changes nothing, the count of skipped steps included (none is skipped).
+    if isinstance(loss_scale, LossScale) and nonfinite != "raise":
         with tf.control_dependencies(update_ops(updates)):
             updates.append(loss_scale.update(verdict.chosen))
     return updates, verdict

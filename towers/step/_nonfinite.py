@@ -15,9 +15,9 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
 
 - "skip": the step changes nothing (weights, optimizer slots and step counts, state updated
   beside them such as BatchNorm's moving averages, accumulated sums); a `LossScale` counts it.
-- "raise": the same, and then the call fails with an error naming the variables whose
-  gradients were not finite (by their checkpoint names, the first first). The error is an
-  `Assert` on the host that surfaces in the same call (a `tf.function`'s call, a v1
+- "raise": the same (a `LossScale` counts nothing), then the call fails with an error
+  naming the variables whose gradients were not finite (checkpoint names, the first first),
+  an `Assert` on the host that surfaces in the same call (a `tf.function`'s call, a v1
   `Session.run` of the loss or the updates). It waits for every transfer and merge of the
   step, and for every update, except where each write is a compiled program that makes the
   verdict's choice itself (`writes_choose`) and the step has `Replicated` copies (for a

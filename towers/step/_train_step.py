@@ -95,7 +95,8 @@ def train_step(
       micro_batches: Run each tower's shard as this many parts in sequence (the memory of
         one part), their gradients averaged by size before the reduction: the same step.
       accumulate: A `towers.GradientAccumulator`: update every `accumulate.every` calls,
-        with the exact mean gradient of their batches (the hook sees that mean).
+        with the exact mean gradient of their batches (the hook sees that mean). A call
+        the guard stops (its gradients, or the mean it would apply) adds nothing to the sums.
       jit_compile: Compile with XLA: each tower's forward and backward pass, one program
         per tower on its device, and each device's update (a towers optimizer over that
         copy's variables, the non-finite choice inside), one program per device; the
@@ -111,9 +112,10 @@ def train_step(
         copy. The returned loss is not scaled.
       nonfinite: What a NaN or Inf gradient (or learning rate) does: "raise" (the default
         without a loss scale: the step changes nothing and the call fails with an error
-        naming the variables), "skip" (the default with one: the step changes nothing,
-        optimizer state and moving averages included; counted by a `LossScale` object) or
-        None (no check). Decided on the devices: no update waits for the host.
+        naming the variables; a `LossScale` counts nothing), "skip" (the default with one:
+        the step changes nothing, optimizer state and moving averages included; counted by
+        a `LossScale` object) or None (no check). Decided on the devices: no update waits
+        for the host.
 
     Returns:
       `(loss, outputs)`: the mean loss over the whole batch (evaluating it in a v1 Session
