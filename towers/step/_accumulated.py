@@ -11,8 +11,9 @@ verdicts, so a call whose mean is not applied leaves the sums as they were:
 
 - "raise": the call fails and writes nothing; it is not counted, and the next good call
   completes the cycle with the mean of the good ones.
-- "skip": the call is counted as skipped; its gradients are dropped, and the sums of the good
-  calls before it wait for the next update.
+- "skip": the call and its cycle are skipped: the call is counted (and a `LossScale` counts
+  a skipped step, as it does for a step without accumulation), the sums and the examples are
+  reset, so sums that overflowed cannot stop the updates after them.
 """
 
 import dataclasses
@@ -97,9 +98,16 @@ def accumulated_updates(
     updates = kept_state(state_updates, _also(verdict, kept))
     if isinstance(loss_scale, LossScale) and nonfinite != "raise":
         with tf.control_dependencies(update_ops(means)):  # (after their reads of the scale)
-            updates.append(loss_scale.update(verdict.chosen))
+            updates.append(loss_scale.update(tf.logical_and(verdict.chosen, kept)))
+    # "skip" drops a cycle whose mean is not applied (sums that overflowed, kept, would
+    # stop every update after them); "raise" keeps it: the call fails, nothing changed.
     finished = accumulate.finish(
-        ready, batch_size, after=[applied], keep=writes, pending=pending, applied=applied
+        ready,
+        batch_size,
+        after=[applied],
+        keep=writes,
+        pending=pending,
+        applied=applied if nonfinite == "raise" else True,
     )
     updates = [applied, finished, *updates]
     # "raise": the mean's check after every write of the call, as a step's own is (a write

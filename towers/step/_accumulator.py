@@ -17,7 +17,8 @@ class GradientAccumulator(tf.Module, CopiedState):
     since the last update, which is the gradient of the mean loss over all those batches,
     also when they differ in size. The sums, the call count and the example count are state:
     keep them with `CheckpointManager(..., extra={"accumulator": accumulator})`.
-    `tf.IndexedSlices` are accumulated dense.
+    `tf.IndexedSlices` are accumulated dense. Every call that uses it must give gradients to
+    the same variables (checked while each is traced).
 
     Args:
       every: Calls per update, >= 1.
@@ -32,7 +33,7 @@ class GradientAccumulator(tf.Module, CopiedState):
       >>> towers.train_step(loss_fn, model, optimizer, batch, devices, accumulate=accumulator)
     """
 
-    _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_sums"}
+    _TF_MODULE_IGNORED_PROPERTIES = tf.Module._TF_MODULE_IGNORED_PROPERTIES | {"_sums", "_graded"}
 
     def __init__(self, every: int, name: str = "gradient_accumulator"):
         super().__init__(name=name)
@@ -46,6 +47,7 @@ class GradientAccumulator(tf.Module, CopiedState):
             0.0, "/cpu:0", hidden=self._hidden, trainable=False, name="examples"
         )
         self._sums: dict[Any, tuple[str, int, tf.Variable]] = {}  # var.ref() -> its sum
+        self._graded: dict[Any, bool] = {}  # var.ref() -> whether the calls give it gradients
         self.sum_variables: list[tf.Variable] = []
 
     @library_code
@@ -138,7 +140,12 @@ class GradientAccumulator(tf.Module, CopiedState):
           `(means, pending)`: per variable, the sum so far with this call's gradients
           divided by the examples so far with its own (None stays None); and what `finish`
           writes.
+
+        Raises:
+          ValueError: if this call gives gradients to other variables than an earlier call
+            (another `tf.function` or trace sharing the accumulator) did.
         """
+        self._check_graded(grads, variables)
         examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
         means, pending = [], []
         for grad, var in zip(grads, variables):
@@ -155,6 +162,25 @@ class GradientAccumulator(tf.Module, CopiedState):
                 means.append((total + held) / tf.cast(examples, grad.dtype))
             pending.append((total, held))
         return means, pending
+
+    def _check_graded(self, grads: list, variables: list) -> None:
+        """Refuses calls (traces) that give gradients to different variables.
+
+        A sum that some calls fill and the cycle's last call has no gradient for would be
+        dropped at the update, the variable not updated.
+        """
+        for grad, var in zip(grads, variables):
+            graded = self._graded.setdefault(var.ref(), grad is not None)
+            if graded != (grad is not None):
+                name = self._sums[var.ref()][0] if var.ref() in self._sums else var.name
+                raise ValueError(
+                    f"The calls that share this GradientAccumulator give gradients to different "
+                    f"variables: {name} has {'none' if graded else 'one'} in this call and "
+                    f"{'one' if graded else 'none'} in an earlier one (another tf.function, or "
+                    "another trace). Its sum would be lost at the end of a cycle whose last "
+                    "call gives it none. Use one accumulator per set of variables, or make "
+                    "every call's loss reach them (times 0 where unused)."
+                )
 
     @library_code
     def finish(
