@@ -109,18 +109,13 @@ class GradientAccumulator(tf.Module, CopiedState):
         """
         examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
         means = []
-        for grad, var in zip(grads, variables):
-            if grad is None:
+        for var, total, held in self._held(grads, variables, batch_size, keep):
+            if total is None:
                 means.append(None)
                 continue
-            total = self._sums[var.ref()][2]
             with tf.device(var.device):
-                if isinstance(grad, tf.IndexedSlices):
-                    grad = densified(grad, var)
-                if keep is not None:
-                    grad = tf.where(keep, grad, tf.zeros_like(grad))
-                added = total.assign_add(grad * tf.cast(batch_size, grad.dtype))
-                means.append(tf.convert_to_tensor(added) / tf.cast(examples, grad.dtype))
+                added = tf.convert_to_tensor(total.assign_add(held))
+                means.append(added / tf.cast(examples, held.dtype))
         return means
 
     @library_code
@@ -148,20 +143,33 @@ class GradientAccumulator(tf.Module, CopiedState):
         self._check_graded(grads, variables)
         examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
         means, pending = [], []
-        for grad, var in zip(grads, variables):
-            if grad is None:
+        for var, total, held in self._held(grads, variables, batch_size, keep):
+            if total is None:
                 means.append(None)
                 continue
-            total = self._sums[var.ref()][2]
+            with tf.device(var.device):
+                means.append((total + held) / tf.cast(examples, held.dtype))
+            pending.append((total, held))
+        return means, pending
+
+    def _held(self, grads: list, variables: list, batch_size: Any, keep: Any) -> list:
+        """Per variable: (variable, its sum, this call's gradient times the batch size).
+
+        Dense, zeros where `keep` is False; (variable, None, None) for a None gradient.
+        """
+        found = []
+        for grad, var in zip(grads, variables):
+            if grad is None:
+                found.append((var, None, None))
+                continue
             with tf.device(var.device):
                 if isinstance(grad, tf.IndexedSlices):
                     grad = densified(grad, var)
                 if keep is not None:
                     grad = tf.where(keep, grad, tf.zeros_like(grad))
                 held = grad * tf.cast(batch_size, grad.dtype)
-                means.append((total + held) / tf.cast(examples, grad.dtype))
-            pending.append((total, held))
-        return means, pending
+            found.append((var, self._sums[var.ref()][2], held))
+        return found
 
     def _check_graded(self, grads: list, variables: list) -> None:
         """Refuses calls (traces) that give gradients to different variables.
