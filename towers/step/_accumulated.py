@@ -1,19 +1,20 @@
 """One call of an accumulating step: judged, held, and every N-th call the mean applied.
 
-With `GradientAccumulator(every=N)` each call's (unscaled) gradients are judged as they come
-(`towers.step._verdict.judge`, without the learning rate: nothing is applied yet) and held
-(`GradientAccumulator.peek`); on a call that completes N calls, their mean with the calls
-before it goes through the gradient hook, is judged again (the learning rate, the hook's
-output, sums that overflowed) and applied under that verdict. The call's own writes (its
-gradients into the sums, or the reset after an update; the call and example counts; state
-beside the weights, such as BatchNorm's moving averages) come after that, and follow both
-verdicts, so a call whose mean is not applied leaves the sums as they were:
+With `GradientAccumulator(every=N)` each call is judged as it comes, on the sums it would
+make (`GradientAccumulator.with_call`, judged in `reduced_updates`: a NaN or
+Inf gradient, or one that would overflow the sums, is a bad call; the learning rate is not
+judged yet, nothing is applied), and held (`GradientAccumulator.peek`). On a call that
+completes N calls, their mean with the calls before it goes through the gradient hook, is
+judged again (the learning rate, the hook's output) and applied under that verdict. The
+call's own writes (its gradients into the sums, or the reset after an update; the call and
+example counts; state beside the weights, such as BatchNorm's moving averages) come after
+that and follow both verdicts. Where the mean is not applied:
 
 - "raise": the call fails and writes nothing; it is not counted, and the next good call
   completes the cycle with the mean of the good ones.
 - "skip": the call and its cycle are skipped: the call is counted (and a `LossScale` counts
   a skipped step, as it does for a step without accumulation), the sums and the examples are
-  reset, so sums that overflowed cannot stop the updates after them.
+  reset.
 """
 
 import dataclasses

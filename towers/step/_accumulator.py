@@ -152,6 +152,27 @@ class GradientAccumulator(tf.Module, CopiedState):
             pending.append((total, held))
         return means, pending
 
+    @library_code
+    def with_call(self, grads: list, variables: list, batch_size: Any) -> list:
+        """The sums as they would be with this call's gradients (what the guard judges).
+
+        Finite where the gradients are and their sum with the calls before has not
+        overflowed (a sum past float32's largest would fail every later update).
+
+        Args:
+          grads: The reduced gradients of this call (None: not added).
+          variables: The variables they belong to (one copy).
+          batch_size: This call's number of examples.
+
+        Returns:
+          Per variable, its sum plus the gradient times the batch size (None stays None).
+        """
+        found = []
+        for var, total, held in self._held(grads, variables, batch_size, None):
+            with tf.device(var.device):
+                found.append(None if total is None else total + held)
+        return found
+
     def _held(self, grads: list, variables: list, batch_size: Any, keep: Any) -> list:
         """Per variable: (variable, its sum, this call's gradient times the batch size).
 

@@ -14,7 +14,12 @@ from absl.testing import parameterized
 import towers
 from tests import test_util
 from tests.towers.step.accumulator_test import _build
-from tests.towers.step.nonfinite_test import _assert_one_mean_step, _normed_model, _state
+from tests.towers.step.nonfinite_test import (
+    _assert_one_mean_step,
+    _normed_model,
+    _poisonable,
+    _state,
+)
 
 
 def _spoilable(strategy, nonfinite, jit_compile=False, hooked=False, loss_scale=None):
@@ -152,6 +157,38 @@ class AccumulatedGuardTest(tf.test.TestCase, parameterized.TestCase):
         step(batches[2])
         step(batches[3])  # the mean of batches 2 and 3
         _assert_one_mean_step(trained, batches[2], batches[3])
+
+    @parameterized.parameters(("raise", "ps"), ("skip", "replicated"))
+    def test_a_call_that_would_overflow_the_sums_is_judged_bad(self, nonfinite, strategy):
+        """Its gradients finite (their largest 1e38), times its 5 examples past float32's
+        largest: judged on the sums it would make, it fails ("raise", changing nothing) or is
+        dropped ("skip"), and the cycle completes with the mean of the good calls. (Before:
+        accepted, it left Inf in the sums, and every later cycle-end failed or was skipped.)"""
+        model, accumulator, poison, step = _poisonable(strategy, 3, nonfinite=nonfinite)
+        trained = model.replicas if strategy == "replicated" else [model]
+        batches = [test_util.batch(n, seed=i) for i, n in enumerate((4, 5, 6, 3))]
+        reference = _build()
+        with tf.GradientTape() as tape:
+            loss, _ = test_util.loss_fn(reference)(batches[1])
+        grads = tape.gradient(loss, reference.trainable_variables)
+        largest = max(float(tf.reduce_max(tf.abs(g))) for g in grads if g is not None)
+        step(batches[0])
+        before = [_state(m) for m in [*trained, accumulator]]
+        poison.assign(1e38 / largest)
+        if nonfinite == "raise":
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "changed nothing"):
+                step(batches[1])
+            _assert_unchanged(self, [*trained, accumulator], before)
+        else:
+            step(batches[1])
+            self.assertEqual(int(accumulator.calls), 2)
+            self.assertEqual(float(accumulator.examples), 4.0)
+        poison.assign(1.0)
+        good = batches[2:] if nonfinite == "raise" else batches[2:3]  # ("skip": b1 counted)
+        for batch in good:
+            step(batch)  # the last completes the cycle
+        _assert_one_mean_step(trained, batches[0], *good)
+        self.assertEqual(float(accumulator.examples), 0.0)
 
     def test_calls_that_reach_other_variables_are_refused(self):
         """Two steps sharing an accumulator, one reaching a variable the other does not: a
