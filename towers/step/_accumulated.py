@@ -50,7 +50,7 @@ def accumulated_updates(
     Args:
       reduced: The strategy's reduced gradients (their copies and variables).
       given: Per copy, this call's unscaled gradients.
-      verdict: This call's verdict on `given`.
+      verdict: This call's verdict (on the sums it would make: `with_call`).
       accumulate: The accumulator.
       batch_size: This call's number of examples.
       apply: `(means, nonfinite=, others=)` -> the mean's updates and their verdict.
@@ -100,8 +100,8 @@ def accumulated_updates(
     if isinstance(loss_scale, LossScale) and nonfinite != "raise":
         with tf.control_dependencies(update_ops(means)):  # (after their reads of the scale)
             updates.append(loss_scale.update(tf.logical_and(verdict.chosen, kept)))
-    # "skip" drops a cycle whose mean is not applied (sums that overflowed, kept, would
-    # stop every update after them); "raise" keeps it: the call fails, nothing changed.
+    # "skip" drops a cycle whose mean is not applied, as a skipped step's gradients are
+    # dropped; "raise" keeps it: the call fails, nothing changed.
     finished = accumulate.finish(
         ready,
         batch_size,
