@@ -34,7 +34,7 @@ from towers.variables import ReducedGradients
 @library_code
 def accumulated_updates(
     reduced: Sequence[ReducedGradients],
-    given: Sequence[list],
+    sums: Sequence[list],
     verdict: Verdict,
     accumulate: GradientAccumulator,
     batch_size: Any,
@@ -49,8 +49,8 @@ def accumulated_updates(
 
     Args:
       reduced: The strategy's reduced gradients (their copies and variables).
-      given: Per copy, this call's unscaled gradients.
-      verdict: This call's verdict (on the sums it would make: `with_call`).
+      sums: Per copy, the sums with this call's unscaled gradients (`with_call`).
+      verdict: This call's verdict on `sums`.
       accumulate: The accumulator.
       batch_size: This call's number of examples.
       apply: `(means, nonfinite=, others=)` -> the mean's updates and their verdict.
@@ -60,12 +60,12 @@ def accumulated_updates(
       after: What the mean's own "raise" check waits for too (a staged input's staging).
     """
     means, pending = [], []
-    for i, (copy, grads) in enumerate(zip(reduced, given)):
+    for i, (copy, copy_sums) in enumerate(zip(reduced, sums)):
         with device_scope(copy.device):
             size = batch_size
             if nonfinite is not None:  # a skipped call adds no examples
                 size = tf.where(verdict.of(i), tf.cast(batch_size, tf.float32), 0.0)
-            copy_means, held = accumulate.peek(grads, copy.variables, size, keep=verdict.of(i))
+            copy_means, held = accumulate.peek(copy_sums, copy.variables, size, verdict.of(i))
         means.append(copy_means)
         pending += held
     if nonfinite is not None:
@@ -81,7 +81,7 @@ def accumulated_updates(
         mean, verdict_of_mean = apply(means, nonfinite=nonfinite, others=others)
         judged.append(verdict_of_mean)
         with tf.control_dependencies(update_ops(mean)), host_scope():
-            return tf.identity(verdict_of_mean.chosen), _flags(verdict_of_mean)
+            return tf.identity(verdict_of_mean.chosen), verdict_of_mean.flat_flags()
 
     def later() -> tuple[tf.Tensor, tf.Tensor]:
         # A graph's cond traces `now` first (its flags' count); eagerly, only one runs.
@@ -117,13 +117,6 @@ def accumulated_updates(
         return updates
     mean_verdict = dataclasses.replace(judged[0], finite=applied, flags=(flags,), copies=())
     return updates + raised(mean_verdict, [*updates, *after], verdict.finite)
-
-
-def _flags(verdict: Verdict) -> tf.Tensor:
-    """The verdict's flags in one vector (for "raise"'s report), on the host."""
-    if not verdict.flags:
-        return tf.zeros([0], tf.bool)
-    return tf.concat([tf.reshape(flag, [-1]) for flag in verdict.flags], 0)
 
 
 def _also(verdict: Verdict, kept: tf.Tensor) -> Verdict:

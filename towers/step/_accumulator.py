@@ -119,45 +119,12 @@ class GradientAccumulator(tf.Module, CopiedState):
         return means
 
     @library_code
-    def peek(self, grads: list, variables: list, batch_size: Any, keep: Any = None) -> tuple:
-        """`add`'s means, nothing written: this call is held until `finish(pending=...)`.
-
-        So that a call completing `every` calls can have its mean checked (the learning rate,
-        the gradient hook's output) before it changes any sum.
-
-        Args:
-          grads: The reduced gradients of this call (None: nothing added).
-          variables: The variables they belong to (one copy).
-          batch_size: This call's number of examples (0 for a call that adds nothing).
-          keep: Optional boolean scalar: False holds zeros instead of the gradients.
-
-        Returns:
-          `(means, pending)`: per variable, the sum so far with this call's gradients
-          divided by the examples so far with its own (None stays None); and what `finish`
-          writes.
-
-        Raises:
-          ValueError: if this call gives gradients to other variables than an earlier call
-            (another `tf.function` or trace sharing the accumulator) did.
-        """
-        self._check_graded(grads, variables)
-        examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
-        means, pending = [], []
-        for var, total, held in self._held(grads, variables, batch_size, keep):
-            if total is None:
-                means.append(None)
-                continue
-            with tf.device(var.device):
-                means.append((total + held) / tf.cast(examples, held.dtype))
-            pending.append((total, held))
-        return means, pending
-
-    @library_code
     def with_call(self, grads: list, variables: list, batch_size: Any) -> list:
         """The sums as they would be with this call's gradients (what the guard judges).
 
         Finite where the gradients are and their sum with the calls before has not
-        overflowed (a sum past float32's largest would fail every later update).
+        overflowed (a sum past float32's largest would fail every later update). Nothing
+        is written: `peek`, then `finish(pending=...)`, decide what is.
 
         Args:
           grads: The reduced gradients of this call (None: not added).
@@ -166,12 +133,49 @@ class GradientAccumulator(tf.Module, CopiedState):
 
         Returns:
           Per variable, its sum plus the gradient times the batch size (None stays None).
+
+        Raises:
+          ValueError: if this call gives gradients to other variables than an earlier call
+            (another `tf.function` or trace sharing the accumulator) did.
         """
+        self._check_graded(grads, variables)
         found = []
         for var, total, held in self._held(grads, variables, batch_size, None):
             with tf.device(var.device):
                 found.append(None if total is None else total + held)
         return found
+
+    @library_code
+    def peek(self, sums: list, variables: list, batch_size: Any, keep: Any = None) -> tuple:
+        """`add`'s means from `with_call`'s sums, nothing written: held until `finish`.
+
+        So that a call completing `every` calls can have its mean checked (the learning rate,
+        the gradient hook's output) before it changes any sum.
+
+        Args:
+          sums: From `with_call` (None: nothing added).
+          variables: The variables they belong to (one copy).
+          batch_size: This call's number of examples (0 for a call that adds nothing).
+          keep: Optional boolean scalar: False holds the sums as they are instead.
+
+        Returns:
+          `(means, pending)`: per variable, the sum so far with this call's gradients
+          divided by the examples so far with its own (None stays None); and what
+          `finish(pending=...)` writes.
+        """
+        examples = tf.cast(self.examples, tf.float32) + tf.cast(batch_size, tf.float32)
+        means, pending = [], []
+        for added, var in zip(sums, variables):
+            if added is None:
+                means.append(None)
+                continue
+            total = self._sums[var.ref()][2]
+            with tf.device(var.device):
+                if keep is not None:
+                    added = tf.where(keep, added, total)
+                means.append(added / tf.cast(examples, added.dtype))
+            pending.append((total, added))
+        return means, pending
 
     def _held(self, grads: list, variables: list, batch_size: Any, keep: Any) -> list:
         """Per variable: (variable, its sum, this call's gradient times the batch size).
@@ -230,9 +234,9 @@ class GradientAccumulator(tf.Module, CopiedState):
           after: Ops that must run first (the update, which reads the sums).
           keep: Optional boolean scalar: False leaves everything as it was (a call that
             fails under "raise": not counted, no reset; the count waits for it on the host).
-          pending: From `peek`: this call's gradients, added where the call does not
-            complete `every` calls (one that does is in its mean; or, not `applied`, is
-            dropped with its examples).
+          pending: From `peek`: the sums with this call's gradients, written where the
+            call does not complete `every` calls (one that does is in its mean; or, not
+            `applied`, is dropped with its examples).
           applied: A boolean scalar: whether the mean's update was applied; False keeps
             the sums and the examples of a `ready` call as they were.
 
@@ -259,12 +263,12 @@ class GradientAccumulator(tf.Module, CopiedState):
             writes = tf.constant(True) if keep is None else tf.convert_to_tensor(keep)
             reset = tf.logical_and(tf.logical_and(ready, applied), writes)
             add = tf.logical_and(tf.logical_not(ready), writes)
-        held_by = {total.ref(): held for total, held in pending}
+        added_to = {total.ref(): added for total, added in pending}
         sums = []
         for _, _, total in self._sums.values():  # (a sum this call adds nothing to: reset)
-            held = held_by.get(total.ref())
+            added = added_to.get(total.ref())
             with tf.device(total.device):
-                kept = total if held is None else tf.where(add, total + held, total)
+                kept = total if added is None else tf.where(add, added, total)
                 sums.append(total.assign(tf.where(reset, tf.zeros_like(total), kept)))
         with tf.device(self.calls.device):
             examples = self.examples + tf.where(add, tf.cast(batch_size, tf.float32), 0.0)

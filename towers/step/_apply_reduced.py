@@ -135,16 +135,14 @@ def reduced_updates(
         return apply(given, loss_scale=loss_scale, nonfinite=nonfinite, state=state_updates)
     # Each call is judged as it is added: a bad micro-batch must not poison the sums, nor a
     # call whose gradients would overflow them (judged: the sums with it).
-    judged = given
-    if nonfinite is not None:
-        judged = []
-        for copy, grads in zip(reduced, given):
-            with device_scope(copy.device):
-                judged.append(accumulate.with_call(grads, copy.variables, batch_size))
-    verdict = _judged(reduced, judged, nonfinite, None, True, jit_compile, optimizer, alike=True)
+    sums = []
+    for copy, grads in zip(reduced, given):
+        with device_scope(copy.device):
+            sums.append(accumulate.with_call(grads, copy.variables, batch_size))
+    verdict = _judged(reduced, sums, nonfinite, None, True, jit_compile, optimizer, alike=True)
     updates = accumulated_updates(
         reduced,
-        given,
+        sums,
         verdict,
         accumulate,
         batch_size,

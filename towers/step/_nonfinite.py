@@ -275,7 +275,7 @@ def raised(verdict: Verdict, after: Sequence[Any], call: tf.Tensor | None = None
     if verdict.mode != "raise" or not verdict.flags:
         return []
     with host_scope():
-        flags = tf.concat([tf.reshape(f, [-1]) for f in verdict.flags], 0)
+        flags = verdict.flat_flags()
         finite = tf.reduce_all(flags)  # (every verdict is its flags' conjunction)
         if call is not None:
             finite = tf.logical_or(finite, tf.logical_not(call))

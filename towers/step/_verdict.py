@@ -51,6 +51,12 @@ class Verdict:
         """`finite`, or True when nothing is checked."""
         return tf.constant(True) if self.finite is None else self.finite
 
+    def flat_flags(self) -> tf.Tensor:
+        """Every flag in one vector, in `names`' order (built where it is called)."""
+        if not self.flags:
+            return tf.zeros([0], tf.bool)
+        return tf.concat([tf.reshape(flag, [-1]) for flag in self.flags], 0)
+
     @library_code
     def of(self, copy: int) -> tf.Tensor | None:
         """The verdict copy `copy`'s writes read: its own, on its device, or the one."""
