@@ -4,6 +4,8 @@ On the lent H200, after the kit:
 
     python3 .ci/gpu/trace.py --devices=2 --configs='^(mirrored xla|towers replicated xla)$'
     python3 .ci/gpu/trace.py --devices=1 --plain --tail_ms=3 --configs='^towers replicated'
+    python3 .ci/gpu/trace.py --model=resnet50 --batch=256 --devices=1 --timed=20 --resident \
+        --configs='^(one device xla|towers replicated xla|towers replicated xla, no guard)$'
 
 Builds the models suite's rows (as `python -m towers.bench --suite=models` does), times them
 interleaved, then traces `--steps` steps of each with TensorFlow's profiler and prints, per
@@ -11,7 +13,9 @@ row and traced step: the host's wall time of the call, each GPU stream's busy ti
 gaps over 50 us on the GPU (all streams together) and what ran around them, and the kernels
 by time; with `--tail_ms`, every event of the last step's end, GPU and host (where a step's
 last milliseconds go: the update, the check, the loss's copies). The raw traces go to $OUT
-(gzipped xplane, one per row and run) for a closer look.
+(gzipped xplane, one per row and run) for a closer look. `--resident` adds the floor's and
+towers' compiled rows (at K = 1) fed one batch held on the GPU: each row's step without the
+copy of its input (the ResNet-50's 154 MB a step), beside the same row fed as the suite feeds it.
 """
 
 import argparse
@@ -26,6 +30,7 @@ import time
 
 import tensorflow as tf
 
+import towers
 from towers.bench._model_steps import model_rows
 from towers.bench._model_suite import shared_factory
 from towers.bench._real_models import REAL_MODELS, mean_loss, repeated_dataset
@@ -59,6 +64,12 @@ def main() -> None:
         "whose check runs beside the update): after the check, and after the check and updates",
     )
     parser.add_argument("--no_trace", action="store_true", help="time the rows only")
+    parser.add_argument(
+        "--resident",
+        action="store_true",
+        help="at K = 1, each chosen row of the floor and towers compiled again, its batch "
+        "already on the GPU (no staging, no copy to the device): the step without the input",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     devices = bench_devices(args.devices, args.gpu_split_mb or _split_mb(args.devices))
@@ -87,6 +98,8 @@ def main() -> None:
                 " after the updates" if updates else ""
             )
             chosen[label] = _host_loss(rows["towers replicated"], updates)
+    if args.resident:
+        chosen.update(_resident(chosen, make_model, devices, repeated_dataset(batch)))
     built = {}
     for label, config in chosen.items():
         began = time.perf_counter()
@@ -182,6 +195,57 @@ def _host_loss(config, updates: bool):
                 return tf.identity(copied)
 
     return _patched(config, [(_train_step, "checked_loss", checked_loss)])
+
+
+def _resident(chosen: dict, make_model, devices: list[str], dataset) -> dict:
+    """The floor's and towers' compiled rows among `chosen`, fed one batch held on the GPU.
+
+    Every fed row copies a batch to the device each step (the ResNet-50's, 154 MB of float32
+    images): the floor before its program, the staged rows beside it. These rows take one
+    batch copied there once, so that they time the step alone (towers splits it on the GPU).
+    """
+    if len(devices) != 1:
+        raise ValueError(f"--resident is for one device; got {len(devices)}.")
+    from towers.bench._model_rule import LEARNING_RATE
+    from towers.bench._model_steps import one_device
+
+    (device,) = devices
+    with tf.device(device):
+        resident = tf.nest.map_structure(tf.identity, next(iter(dataset)))
+    guards = {"towers replicated xla": "default", "towers replicated xla, no guard": None}
+    rows = {}
+    if "one device xla" in chosen:
+
+        def floor():
+            step = one_device(make_model, mean_loss, device, jit_compile=True)
+            return lambda data: step(resident)
+
+        rows["one device xla, resident input"] = floor
+    for label, nonfinite in guards.items():
+        if label not in chosen:
+            continue
+
+        def towers_row(nonfinite=nonfinite):
+            model = towers.Replicated(make_model, devices)
+            optimizer = towers.SGD(LEARNING_RATE)
+
+            @tf.function
+            def step():
+                return towers.train_step(
+                    lambda shard: mean_loss(model.local(), shard),
+                    model,
+                    optimizer,
+                    resident,
+                    devices,
+                    split_device=device,
+                    nonfinite=nonfinite,
+                    jit_compile=True,
+                )[0]
+
+            return lambda data: step()
+
+        rows[f"{label}, resident input"] = towers_row
+    return rows
 
 
 def _split_mb(devices: int) -> int:
