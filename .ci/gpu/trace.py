@@ -109,6 +109,8 @@ def main() -> None:
     if args.resident:
         chosen.update(_resident(chosen, make_model, devices, repeated_dataset(batch)))
     if args.staged_after:
+        if args.devices != 1:  # (patches the one-program step alone: K > 1 would not stage)
+            raise ValueError(f"--staged_after is for one device; got {args.devices}.")
         for label in ("towers replicated xla", "towers replicated xla, no guard"):
             if label in rows:
                 chosen[f"{label}, staged after the program"] = _staged_after(rows[label])
@@ -265,7 +267,7 @@ def _staged_after(config):
 
     As built, the step's program and the staging of the next batch (whose copy to the GPU
     waits for all the work already queued there) wait for the same reads, and race. Here the
-    staging waits for the program's op, which is done once its kernels are queued: the copy
+    staging waits for the program's op, done (on a GPU) once its kernels are queued: the copy
     always follows the program (never beside it), and the step's time no longer depends on
     which came first.
     """
