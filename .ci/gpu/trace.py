@@ -296,7 +296,7 @@ def _staged_after(config):
         try:
             taken, sizes = inputs.take()
         finally:
-            inputs._stage_next = stage
+            del inputs._stage_next  # (the method again)
         staging: list = []
         deferred.append((stage, staging))
         return taken, sizes, staging
