@@ -322,11 +322,12 @@ def _pinned(config):
     """`config` (staged input), each shard it stages copied to a fresh host tensor first.
 
     A CPU op's own output that feeds a copy to a GPU is allocated in pinned memory
-    (`InferAllocAttr` in TensorFlow's executor); the staged batch, a slice of the dataset's
-    tensor, is not, and `GPUUtil::CopyCPUTensorToGPU` then copies it into a pinned buffer
-    first, on the thread that completes the transfer (the ResNet-50's 154 MB: several ms,
-    perhaps in front of the program's launch). Here a `DeepCopy` on the host makes each
-    shard, so the transfer is a DMA alone.
+    (`InferAllocAttr` in TensorFlow's executor); the staged batch, the dataset's tensor or a
+    slice of it, is not: `GPUUtil::CopyCPUTensorToGPU` then copies it into a pinned buffer
+    first, on the thread that completes the transfer, or (memory of unknown type) leaves it
+    to the driver's pageable copy, which waits for the program the copy waits for. Here a
+    `DeepCopy` on the host makes each shard, so the transfer is a DMA alone. The race with
+    the program stays.
     """
     real_split = towers.ops.split_batch
 
