@@ -143,6 +143,39 @@ class AcrossCallsTest(tf.test.TestCase, parameterized.TestCase):
         if strategy == "replicated":
             towers.check_replicas_identical(model)
 
+    def test_its_own_add_ready_and_finish_give_the_mean_of_the_calls(self):
+        """The public calls a loop of one's own makes (train_step holds, then settles, each
+        call instead): `add` returns the mean gradient since the last update, `ready` says
+        when `every` calls are in, `finish` counts the call and resets after an update."""
+        model = _build()
+        variables = model.trainable_variables
+        accumulator = towers.GradientAccumulator(every=2)
+        accumulator.build({v.name: (v,) for v in variables})
+        sizes = [3, 5, 3, 5]
+        batches = [test_util.batch(n, seed=i) for i, n in enumerate(sizes)]
+        means = []
+        for batch, size in zip(batches, sizes):
+            with tf.GradientTape() as tape:
+                loss, _ = test_util.loss_fn(model)(batch)
+            grads = tape.gradient(loss, variables)
+            ready = accumulator.ready()
+            means.append((bool(ready), accumulator.add(grads, variables, size)))
+            accumulator.finish(ready, size, after=[])
+        self.assertEqual([ready for ready, _ in means], [False, True, False, True])
+        for window in (0, 2):  # the model is not updated: each window's mean is of its batches
+            with tf.GradientTape() as tape:
+                loss, _ = test_util.loss_fn(model)(_concat(*batches[window : window + 2]))
+            for got, want in zip(means[window + 1][1], tape.gradient(loss, variables)):
+                if want is None:  # (a variable the loss does not reach: no sum, no mean)
+                    self.assertIsNone(got)
+                    continue
+                want = tf.convert_to_tensor(want)  # (an embedding's rows, dense)
+                test_util.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        self.assertEqual(int(accumulator.calls), 4)
+        self.assertEqual(float(accumulator.examples), 0.0)
+        for total in accumulator.sum_variables:
+            self.assertAllEqual(total, tf.zeros_like(total))
+
     @parameterized.parameters("ps", "replicated")
     def test_the_call_that_applies_is_chosen_on_the_host(self, strategy):
         """The accumulator's cond reads the host's count of calls: it is built there, with
