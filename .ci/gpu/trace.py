@@ -116,16 +116,15 @@ def main() -> None:
             chosen[label] = _host_loss(rows["towers replicated"], updates)
     if args.resident:
         chosen.update(_resident(chosen, make_model, devices, repeated_dataset(batch)))
-    if args.staged_after:
-        if args.devices != 1:  # (patches the one-program step alone: K > 1 would not stage)
-            raise ValueError(f"--staged_after is for one device; got {args.devices}.")
+    if args.staged_after and args.devices != 1:  # (it patches the one-program step alone)
+        raise ValueError(f"--staged_after is for one device; got {args.devices}.")
+    for wanted, how, patched in (
+        (args.staged_after, "staged after the program", _staged_after),
+        (args.pinned, "staged from pinned memory", _pinned),
+    ):
         for label in ("towers replicated xla", "towers replicated xla, no guard"):
-            if label in chosen:
-                chosen[f"{label}, staged after the program"] = _staged_after(rows[label])
-    if args.pinned:
-        for label in ("towers replicated xla", "towers replicated xla, no guard"):
-            if label in chosen:
-                chosen[f"{label}, staged from pinned memory"] = _pinned(rows[label])
+            if wanted and label in chosen:
+                chosen[f"{label}, {how}"] = patched(rows[label])
     built = {}
     for label, config in chosen.items():
         began = time.perf_counter()
