@@ -175,6 +175,13 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
             (flags,) = _programs_of(graph, "finite_flags")
             self.assertIn(flags, test_util.ancestors(check))
             self.assertEmpty(test_util.ancestors(check) & set(_programs_of(graph, "update")))
+            # The loss returns from its host copy once the check and the update have run: no
+            # transfer to the GPU after the update and back (wave 5, session 38).
+            returned = step.get_concrete_function(batches[0]).structured_outputs[0].op
+            while check not in returned.control_inputs:  # (the function's own identities)
+                returned = returned.inputs[0].op
+            self.assertEqual(_spec(returned.device), ("CPU", 0))
+            self.assertLessEqual(set(_programs_of(graph, "update")), test_util.ancestors(returned))
         elif strategy == "dense":  # (several uncompiled copies: the check after every update)
             (check,) = [op for op in graph.get_operations() if op.type == "Assert"]
             updates = set(_programs_of(graph, "update"))

@@ -23,11 +23,11 @@ what it applies: `judging_updates`), the choice of every write, and "raise"'s er
   verdict's choice itself (`writes_choose`) and the step has `Replicated` copies (for a
   parameter server's updates a CPU probe gave 2-3 errors in most failing calls): there a
   step stopped between its programs has written old values or nothing, so the check waits
-  for the exchange only and runs beside the updates, and the loss returns from where it was
-  merged, not through the host check.
+  for the exchange only and runs beside the updates; the loss still returns from its host
+  copy after the check and the updates.
   (On a GPU a dependency on an update is a transfer queued behind it: session 26's trace
   had the check 0.13 ms after the last update kernel; see docs/precision.md.) Beside the
-  updates, a failing check may cut the result's copy to a device: TensorFlow then reports
+  updates, a failing check may cut a transfer still under way: TensorFlow then reports
   its error up to once more per device. It reads the verdict's flags, made before the
   updates where it can (checks beside the exchange: `_crossed_flags`' and local verdicts'
   programs), else by an update program.
@@ -229,10 +229,14 @@ def checked_loss(
 
     Except where `exchanged` (the step's exchanged gradients) is given, which the step does
     where every write chooses for itself (`writes_choose`): there the check waits for the
-    exchange, not the updates, and the loss returns from where it is (a result on the host
-    waits, on a GPU, for the updates to have run, through the `tf.function`'s control
-    outputs). A failing check then cuts the result's copy: its error may come up to once more
-    per device.
+    exchange, not the updates, and runs beside them. The loss still returns from its host
+    copy once the check and the updates have run (on a GPU, until they have run), so that a
+    v1 `Session.run` of the loss runs the updates. (Until wave 5, session 38 it returned from
+    the device where it was merged: after the update a transfer to the GPU carried the
+    check's control edge, and the loss then crossed back to the host, two serial transfers
+    at the step's end; session 35's trace measured 0.23 ms after the last update kernel.) A
+    failing check may cut a transfer of the updates' control edges to the host: its error
+    may come up to once more per device.
     """
     if verdict.mode != "raise" or not verdict.flags:
         with tf.control_dependencies(update_ops(updates)):
@@ -241,11 +245,8 @@ def checked_loss(
     with host_scope():
         copied = tf.identity(loss)
         check = raised(verdict, [exchanged if early else updates, copied, outputs, *staging])
-        if not early:
-            with tf.control_dependencies(update_ops(updates) + check):
-                return tf.identity(copied)
-    with tf.control_dependencies(update_ops(updates) + check):
-        return tf.identity(loss)
+        with tf.control_dependencies(update_ops(updates) + check):
+            return tf.identity(copied)
 
 
 @library_code
