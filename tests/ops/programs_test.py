@@ -119,7 +119,8 @@ class UncompiledStepTest(tf.test.TestCase, parameterized.TestCase):
         On one GPU of its own ("one_gpu": `Replicated` on one device, on CPU devices
         `_one_gpu` patched to say so) `sparse="auto"` sends the table dense, and under "raise"
         the one copy's check is a program in front of its update, which the host's check
-        reads beside the update. Several uncompiled copies keep the check after every update."""
+        reads beside the update; the loss returns from the host after both. Several
+        uncompiled copies keep the check after every update."""
         _on_cpus(self)
         devices = test_util.devices(1 if strategy == "one_gpu" else 3)
         if strategy == "one_gpu" and test_util.KIND == "CPU":
