@@ -18,7 +18,9 @@ towers' compiled rows (at K = 1) fed one batch held on the GPU: each row's step 
 copy of its input (the ResNet-50's 154 MB a step), beside the same row fed as the suite feeds it.
 `--staged_after` adds towers' K = 1 rows with the next batch staged once the program is queued
 (the copy after the program, never beside it: no race between the two); `--pinned` adds
-towers' rows with each staged shard made a fresh (pinned) host tensor before its copy.
+towers' rows with each staged shard made a fresh (pinned) host tensor before its copy;
+`--copy_first` adds towers' K = 1 rows with the program waiting for host ops after the next
+batch's fetch, so that its copy is queued first.
 """
 
 import argparse
@@ -80,6 +82,13 @@ def main() -> None:
         "staged once the step's program is queued (its copy then waits for the program)",
     )
     parser.add_argument(
+        "--copy_first",
+        action="store_true",
+        help='at K = 1, "towers replicated xla" and its "no guard" row again, the program '
+        "waiting for a few host ops after the next batch's host tensor, so that its copy to "
+        "the GPU is queued before the program (and overlaps it)",
+    )
+    parser.add_argument(
         "--pinned",
         action="store_true",
         help='"towers replicated xla" and its "no guard" row again, each shard of the next '
@@ -116,10 +125,11 @@ def main() -> None:
             chosen[label] = _host_loss(rows["towers replicated"], updates)
     if args.resident:
         chosen.update(_resident(chosen, make_model, devices, repeated_dataset(batch)))
-    if args.staged_after and args.devices != 1:  # (it patches the one-program step alone)
-        raise ValueError(f"--staged_after is for one device; got {args.devices}.")
+    if (args.staged_after or args.copy_first) and args.devices != 1:  # (one-program steps)
+        raise ValueError(f"--staged_after and --copy_first are for one device; got {args.devices}.")
     for wanted, how, patched in (
         (args.staged_after, "staged after the program", _staged_after),
+        (args.copy_first, "its copy queued first", _copy_first),
         (args.pinned, "staged from pinned memory", _pinned),
     ):
         for label in ("towers replicated xla", "towers replicated xla, no guard"):
@@ -307,6 +317,53 @@ def _staged_after(config):
             with tf.control_dependencies(updates):  # (the program's output)
                 staging.append(stage())
         return loss, outputs, updates, verdict
+
+    return _patched(
+        config,
+        [
+            (_train_step, "_shards", shards),
+            (_train_step, "one_program_step", one_program_step),
+        ],
+    )
+
+
+def _copy_first(config):
+    """`config` (one device, one program), its program queued after the next batch's copy.
+
+    The copy of the next batch to the GPU waits for the work already queued there when it is
+    queued itself. Here the next batch is fetched unconditionally (the suite's data repeats)
+    and the program waits for a few host ops on its first element: the host's executor runs
+    its cheap ops breadth first, so the shard's send, which queues the copy in the same
+    thread, comes before the control edge that releases the program. Inferred from
+    TensorFlow's executor, to be seen in the trace (the copy beside the program, not after).
+    """
+    from towers.data._staged import StagedInput
+    from towers.step import _train_step
+
+    gates, real_shards, real_step = [], _train_step._shards, _train_step.one_program_step
+
+    def shards(inputs, devices, split_device):
+        if not isinstance(inputs, StagedInput):
+            return real_shards(inputs, devices, split_device)
+
+        def stage_next():
+            with tf.device("/device:CPU:0"):
+                leaves = tf.nest.flatten(inputs.iterator.get_next())
+                first = tf.reshape(leaves[0], [-1])[0]
+                gates.append(tf.square(tf.abs(tf.cast(first, tf.float32))))
+                return inputs._put(leaves)
+
+        inputs._stage_next = stage_next
+        try:
+            return real_shards(inputs, devices, split_device)
+        finally:
+            del inputs._stage_next  # (the method again)
+
+    def one_program_step(*args, **kwargs):
+        with tf.control_dependencies(gates[-1:]):
+            result = real_step(*args, **kwargs)
+        del gates[:]
+        return result
 
     return _patched(
         config,
