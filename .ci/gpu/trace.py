@@ -332,10 +332,11 @@ def _copy_first(config):
 
     The copy of the next batch to the GPU waits for the work already queued there when it is
     queued itself. Here the next batch is fetched unconditionally (the suite's data repeats)
-    and the program waits for a few host ops on its first element: the host's executor runs
-    its cheap ops breadth first, so the shard's send, which queues the copy in the same
-    thread, comes before the control edge that releases the program. Inferred from
-    TensorFlow's executor, to be seen in the trace (the copy beside the program, not after).
+    and the program waits for an int32 from its first element, received in the GPU's host
+    memory (a control edge's empty float would be received through the copy stream, after
+    the copy). Whether the copy is then queued first is a race: the shard's send copies a
+    pageable batch into a pinned buffer on its thread before it queues the copy (TensorFlow's
+    `GPUUtil::CopyCPUTensorToGPU`), while the gate's ops run on others. The trace shows which.
     """
     from towers.data._staged import StagedInput
     from towers.step import _train_step
@@ -350,7 +351,7 @@ def _copy_first(config):
             with tf.device("/device:CPU:0"):
                 leaves = tf.nest.flatten(inputs.iterator.get_next())
                 first = tf.reshape(leaves[0], [-1])[0]
-                gates.append(tf.square(tf.abs(tf.cast(first, tf.float32))))
+                gates.append(tf.abs(tf.cast(first, tf.int32)))
                 return inputs._put(leaves)
 
         inputs._stage_next = stage_next
@@ -360,7 +361,10 @@ def _copy_first(config):
             del inputs._stage_next  # (the method again)
 
     def one_program_step(*args, **kwargs):
-        with tf.control_dependencies(gates[-1:]):
+        device = args[5]  # (loss_fn, variables, optimizer, shard, size, device)
+        with tf.device(device):  # an int32 on a GPU is in its host memory: no stream to wait on
+            gate = [tf.identity(g) for g in gates[-1:]]
+        with tf.control_dependencies(gate):
             result = real_step(*args, **kwargs)
         del gates[:]
         return result
