@@ -19,6 +19,7 @@ copy of its input (the ResNet-50's 154 MB a step), beside the same row fed as th
 `--staged_after` adds towers' K = 1 rows with the next batch staged once the program is queued
 (the copy after the program, never beside it: no race between the two); `--pinned` adds
 towers' rows with each staged shard made a fresh (pinned) host tensor before its copy;
+`--pageable` adds them with each shard sent as split (as staged before session 40);
 `--copy_first` adds towers' K = 1 rows with the program waiting for host ops after the next
 batch's fetch, so that its copy is queued first.
 """
@@ -89,6 +90,12 @@ def main() -> None:
         "the GPU is queued before the program (and overlaps it)",
     )
     parser.add_argument(
+        "--pageable",
+        action="store_true",
+        help='"towers replicated xla" and its "no guard" row again, each shard of the next '
+        "batch sent as the split made it (pageable: before session 40's fresh host copy)",
+    )
+    parser.add_argument(
         "--pinned",
         action="store_true",
         help='"towers replicated xla" and its "no guard" row again, each shard of the next '
@@ -131,6 +138,7 @@ def main() -> None:
         (args.staged_after, "staged after the program", _staged_after),
         (args.copy_first, "its copy queued first", _copy_first),
         (args.pinned, "staged from pinned memory", _pinned),
+        (args.pageable, "staged from pageable memory", _pageable),
     ):
         for label in ("towers replicated xla", "towers replicated xla, no guard"):
             if wanted and label in chosen:
@@ -399,6 +407,17 @@ def _pinned(config):
             ]
 
     return _patched(config, [(towers.ops, "split_batch", split_batch)])
+
+
+def _pageable(config):
+    """`config` (staged input), each shard it stages sent as the split made it.
+
+    As staged until wave 5, session 40: the dataset's batch, or a slice of it, pageable host
+    memory, which the driver copies to the GPU synchronously (`_staged._sent`).
+    """
+    from towers.data import _staged
+
+    return _patched(config, [(_staged, "_sent", lambda leaf, split_device, device: leaf)])
 
 
 def _split_mb(devices: int) -> int:

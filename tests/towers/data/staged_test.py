@@ -79,6 +79,43 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaises(tf.errors.InvalidArgumentError):  # (its Assert's error)
             step(staged)
 
+    def test_a_shard_for_a_gpu_leaves_the_host_as_a_fresh_tensor(self):
+        """Each shard bound for a GPU is first copied on the host (`DeepCopy`, whose output
+        TensorFlow allocates pinned: the transfer is then a DMA, not the driver's pageable
+        copy); one for a CPU device, or split on a GPU, goes as it is."""
+        with tf.Graph().as_default():
+            leaf = tf.zeros([4, 2])
+            sent = _staged._sent(leaf, "/device:CPU:0", "/device:GPU:1")
+            self.assertEqual(sent.op.type, "DeepCopy")
+            self.assertEqual(test_util.local_device(sent.device), "/device:CPU:0")
+            self.assertIs(_staged._sent(leaf, "/device:CPU:0", "/device:CPU:1"), leaf)
+            self.assertIs(_staged._sent(leaf, "/device:GPU:0", "/device:GPU:1"), leaf)
+
+    def test_trains_the_same_with_each_shard_copied_on_the_host(self):
+        """Every device taken for a GPU: the fresh copies train as the batches given."""
+        devices = test_util.devices(2)
+        reference = test_util.built_model()
+        by_hand = test_util.reference_step(reference, test_util.loss_fn(reference), 0.1)
+        model = test_util.built_model()
+        step = _step(model, towers.SGD(0.1), devices)
+        copies, real = [], tf.raw_ops.DeepCopy
+
+        def deep_copy(x):
+            copies.append(x)
+            return real(x=x)
+
+        with (
+            mock.patch.object(_staged, "_host_to_gpu", lambda source, device: True),
+            mock.patch.object(_staged.tf.raw_ops, "DeepCopy", deep_copy),
+        ):
+            staged = towers.prefetch_to_devices(_dataset(), devices)  # (one batch staged now)
+            losses = [float(step(batch)) for batch in staged]
+        self.assertLen(copies, len(staged._specs) * len(devices) * 2)  # staged now, traced
+        want = [float(by_hand(batch)[0]) for batch in _dataset()]
+        test_util.assert_allclose(losses, want, rtol=1e-5)
+        for got, expected in zip(model.variables, reference.variables):
+            test_util.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
     @parameterized.parameters(("ps", False), ("ps", True), ("replicated", True))
     def test_a_batch_smaller_than_the_devices_ends_the_input_and_loses_none(
         self, strategy, jit_compile
