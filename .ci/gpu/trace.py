@@ -413,11 +413,11 @@ def _pageable(config):
     """`config` (staged input), each shard it stages sent as the split made it.
 
     As staged until wave 5, session 40: the dataset's batch, or a slice of it, pageable host
-    memory, which the driver copies to the GPU synchronously (`_staged._sent`).
+    memory, which the driver copies to the GPU synchronously (`towers.data._transfer.sent`).
     """
     from towers.data import _staged
 
-    return _patched(config, [(_staged, "_sent", lambda leaf, split_device, device: leaf)])
+    return _patched(config, [(_staged, "sent", lambda leaf, split_device, device: leaf)])
 
 
 def _split_mb(devices: int) -> int:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import towers.ops as ops
 from towers.core import canonical_device, check_devices_exist, device_list
+from towers.data._transfer import read_on, sent
 from towers.ops.internal import has_kernel, host_scope, library_code
 
 
@@ -102,7 +103,7 @@ class StagedInput:
         shards = []
         for buffers, device, size in zip(self._buffers, self.devices, self._static_sizes()):
             with tf.control_dependencies([check] if check is not None else []):
-                leaves = [_read(buffer, device) for buffer in buffers]
+                leaves = [read_on(buffer, device) for buffer in buffers]
             for leaf, spec in zip(leaves, self._specs):  # every batch has the spec's shape
                 leaf.set_shape(tf.TensorShape([size]).concatenate(spec.shape[1:]))
             shards.append(tf.nest.pack_sequence_as(self.element_spec, leaves))
@@ -142,7 +143,7 @@ class StagedInput:
         assigned = []
         for buffers, shard in zip(self._buffers, shards):
             for buffer, leaf in zip(buffers, tf.nest.flatten(shard)):
-                leaf = _sent(leaf, self._split_device, buffer.device)
+                leaf = sent(leaf, self._split_device, buffer.device)
                 with tf.device(buffer.device):  # the device's, or its host's
                     assigned.append(buffer.assign(leaf, read_value=False))
         with tf.control_dependencies([a for a in assigned if a is not None]):
@@ -263,42 +264,6 @@ def _check_batch(spec: tf.TensorSpec, devices: int) -> None:
             f"than the {devices} devices (each tower needs at least one). Batch more examples "
             "or stage on fewer devices."
         )
-
-
-def _sent(leaf: tf.Tensor, split_device: str, device: str) -> tf.Tensor:
-    """A shard as it leaves the host for `device`: a fresh host tensor where it goes to a GPU.
-
-    The dataset's batch and the split's shards (slices of it) are pageable host memory, and
-    TensorFlow leaves their copy to a GPU to the driver's pageable copy: synchronous, about
-    6 GB/s, holding its thread (wave 5, session 40, on an H100: the ResNet-50's 154 MB batch
-    took 24.6 ms, and the step's program ran its first kernels, then the rest after it).
-    A host op's output that feeds a copy to a GPU is allocated in pinned memory (the
-    executor asks for GPU-compatible memory), so a copy made on the host first makes the
-    transfer an asynchronous DMA. On CPU devices the shard goes as it is.
-    """
-    if not _host_to_gpu(split_device, device):
-        return leaf
-    with tf.device(split_device):
-        return tf.raw_ops.DeepCopy(x=leaf)
-
-
-def _host_to_gpu(source: str, device: str) -> bool:
-    return _local(source)[0] == "CPU" and _local(device)[0] == "GPU"
-
-
-def _read(buffer: tf.Variable, device: str) -> tf.Tensor:
-    """The buffer's shard, on `device` (a shard kept on the host is read there)."""
-    with tf.device(buffer.device):
-        value = buffer.read_value()
-    if _local(buffer.device) != _local(device):
-        with tf.device(device):
-            return tf.identity(value)
-    return value
-
-
-def _local(device: str) -> tuple[str, int]:
-    spec = tf.DeviceSpec.from_string(device)
-    return spec.device_type.upper(), spec.device_index or 0
 
 
 def _buffer(spec: tf.TensorSpec, device: str) -> tf.Variable:

@@ -10,7 +10,7 @@ from absl.testing import parameterized
 
 import towers
 from tests import test_util
-from towers.data import _staged
+from towers.data import _staged, _transfer
 
 BATCH, BATCHES = 11, 4
 
@@ -85,11 +85,11 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         copy); one for a CPU device, or split on a GPU, goes as it is."""
         with tf.Graph().as_default():
             leaf = tf.zeros([4, 2])
-            sent = _staged._sent(leaf, "/device:CPU:0", "/device:GPU:1")
+            sent = _transfer.sent(leaf, "/device:CPU:0", "/device:GPU:1")
             self.assertEqual(sent.op.type, "DeepCopy")
             self.assertEqual(test_util.local_device(sent.device), "/device:CPU:0")
-            self.assertIs(_staged._sent(leaf, "/device:CPU:0", "/device:CPU:1"), leaf)
-            self.assertIs(_staged._sent(leaf, "/device:GPU:0", "/device:GPU:1"), leaf)
+            self.assertIs(_transfer.sent(leaf, "/device:CPU:0", "/device:CPU:1"), leaf)
+            self.assertIs(_transfer.sent(leaf, "/device:GPU:0", "/device:GPU:1"), leaf)
 
     def test_trains_the_same_with_each_shard_copied_on_the_host(self):
         """Every device taken for a GPU: the fresh copies train as the batches given."""
@@ -105,8 +105,8 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
             return real(x=x)
 
         with (
-            mock.patch.object(_staged, "_host_to_gpu", lambda source, device: True),
-            mock.patch.object(_staged.tf.raw_ops, "DeepCopy", deep_copy),
+            mock.patch.object(_transfer, "_host_to_gpu", lambda source, device: True),
+            mock.patch.object(_transfer.tf.raw_ops, "DeepCopy", deep_copy),
         ):
             staged = towers.prefetch_to_devices(_dataset(), devices)  # (one batch staged now)
             losses = [float(step(batch)) for batch in staged]
