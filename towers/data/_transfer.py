@@ -9,7 +9,7 @@ def sent(leaf: tf.Tensor, split_device: str, device: str) -> tf.Tensor:
     The dataset's batch and the split's shards (slices of it) are pageable host memory, and
     TensorFlow leaves their copy to a GPU to the driver's pageable copy: synchronous, about
     6 GB/s, holding its thread (wave 5, session 40, on an H100: the ResNet-50's 154 MB batch
-    took 24.6 ms, and the step's program ran its first kernels, then the rest after it).
+    took 21-25 ms, in series with the step's program in every traced step).
     A host op's output that feeds a copy to a GPU is allocated in pinned memory (the
     executor asks for GPU-compatible memory), so a copy made on the host first makes the
     transfer an asynchronous DMA. On CPU devices the shard goes as it is.
