@@ -8,11 +8,13 @@ On the lent H200, after the kit:
         --configs='^(one device xla|towers replicated xla|towers replicated xla, no guard)$'
 
 Builds the models suite's rows (as `python -m towers.bench --suite=models` does), times them
-interleaved, then traces `--steps` steps of each with TensorFlow's profiler and prints, per
-row and traced step: the host's wall time of the call, each GPU stream's busy time, the idle
-gaps over 50 us on the GPU (all streams together) and what ran around them, and the kernels
-by time; with `--tail_ms`, every event of the last step's end, GPU and host (where a step's
-last milliseconds go: the update, the check, the loss's copies). The raw traces go to $OUT
+interleaved (the median, the 10th and 90th percentiles and every timed step in order), then
+traces `--steps` steps of each with TensorFlow's profiler and prints, per row: each traced
+step's wall time on the host, each GPU stream's busy time and the kernels by time, and for
+the slowest traced step its host ops, the idle gaps over 50 us on the GPU (all streams
+together) and each stream's segments; with `--tail_ms`, every event of the last step's
+end, GPU and host (where a step's last milliseconds go: the update, the check, the loss's
+copies). The raw traces go to $OUT
 (gzipped xplane, one per row and run) for a closer look. `--resident` adds the floor's and
 towers' compiled rows (at K = 1) fed one batch held on the GPU: each row's step without the
 copy of its input (the ResNet-50's 154 MB a step), beside the same row fed as the suite feeds it.
@@ -149,8 +151,16 @@ def main() -> None:
         built[label] = config()
         float(built[label](data))  # (traced here: a patched build's patch holds through it)
         print(f"built {label}: {time.perf_counter() - began:.1f} s", flush=True)
-    for label, (_, seconds, loss) in time_interleaved(built, data, args.timed, 3).items():
-        print(f"timed {label}: {seconds * 1e3:.2f} ms, loss {loss:.6f}", flush=True)
+    record: dict = {}
+    for label, (_, seconds, loss) in time_interleaved(built, data, args.timed, 3, record).items():
+        each = sorted(record[label])
+        tenth, ninth = each[len(each) // 10], each[(len(each) * 9) // 10]
+        print(
+            f"timed {label}: {seconds * 1e3:.2f} ms (10% {tenth * 1e3:.2f}, 90% "
+            f"{ninth * 1e3:.2f}; in order: {' '.join(f'{t * 1e3:.0f}' for t in record[label])}),"
+            f" loss {loss:.6f}",
+            flush=True,
+        )
     for n, (label, step) in enumerate(built.items() if not args.no_trace else ()):
         logdir = os.path.join("/tmp/trace", str(n))
         shutil.rmtree(logdir, ignore_errors=True)
@@ -462,13 +472,13 @@ def _read(path: str) -> tuple[list, list, list]:
 
 
 def summarize(path: str, steps: int) -> None:
-    """Prints each GPU stream's busy time, the GPU's idle gaps, kernels by time, a timeline."""
+    """Prints each GPU stream's busy time; the slowest step's idle gaps and timeline."""
     events, host, marks = _read(path)
     host = [h for h in host if re.search(_HOST, h[4])]
     print(f"step marks: {[round((m[1] - m[0]) / 1e6, 2) for m in marks]} ms")
-    if marks:
-        begin, finish = marks[-1][0], marks[-1][1]
-        print("  host ops of the last step (start ms, us, thread, name):")
+    if marks:  # (the slowest traced step: where a row's slow steps go)
+        begin, finish = max(marks, key=lambda m: m[1] - m[0])[:2]
+        print("  host ops of the slowest step (start ms, us, thread, name):")
         shown = [h for h in host if begin <= h[0] <= finish and h[1] - h[0] > 10_000]
         for start, end, _, line, name in shown[:80]:
             at, took = (start - begin) / 1e6, (end - start) / 1e3
@@ -495,7 +505,7 @@ def summarize(path: str, steps: int) -> None:
             gaps.append((reach - begin, event[0] - reach))
         reach = max(reach, event[1])
     print(
-        f"  last step: host {(finish - begin) / 1e6:.2f} ms; GPU from "
+        f"  slowest step: host {(finish - begin) / 1e6:.2f} ms; GPU from "
         f"{(last[0][0] - begin) / 1e6:.2f} to {(reach - begin) / 1e6:.2f} ms; idle gaps "
         f"(at ms, us): {[(round(a / 1e6, 2), round(g / 1e3)) for a, g in gaps][:30]}"
     )
@@ -508,7 +518,7 @@ def summarize(path: str, steps: int) -> None:
             seg[-1][3] += 1
         else:
             segments.setdefault(key, []).append([start, end, name, 1])
-    print("  segments of the last step (stream: start-end ms, kernels, first):")
+    print("  segments of the slowest step (stream: start-end ms, kernels, first):")
     for key, segs in sorted(segments.items()):
         shown = [s for s in segs if s[1] - s[0] >= 20_000 or len(segs) < 12]
         text = "; ".join(

@@ -116,7 +116,11 @@ def mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
 
 
 def time_interleaved(
-    steps_by_label: dict[str, Callable], data, steps: int, warmup: int
+    steps_by_label: dict[str, Callable],
+    data,
+    steps: int,
+    warmup: int,
+    record: dict[str, list[float]] | None = None,
 ) -> dict[str, tuple[float, float, float]]:
     """`time_step` for several steps at once, their timed steps interleaved.
 
@@ -124,7 +128,8 @@ def time_interleaved(
     rounds times one call of every step, in an order shuffled anew each round (seeded), so
     a shared machine's slow spells, and whatever one configuration leaves behind for the
     next (caches, allocator), fall on every configuration alike. Every step runs
-    `1 + warmup + steps` times.
+    `1 + warmup + steps` times. `record`, where given, gets each label's timed steps in
+    seconds, in the order they ran (a median hides a row that is slow one step in three).
 
     Returns:
       Label -> (first-call seconds, median step seconds, the last step's loss).
@@ -138,6 +143,8 @@ def time_interleaved(
         for _ in range(warmup):
             losses[label] = float(steps_by_label[label](data))
     times: dict[str, list[float]] = {label: [] for label in labels}
+    if record is not None:
+        record.update(times)  # (the same lists: filled as the steps run)
     order, shuffle = list(labels), random.Random(0).shuffle
     for _ in range(steps):
         shuffle(order)

@@ -1,4 +1,5 @@
 import re
+import statistics
 import sys
 
 import numpy as np
@@ -176,7 +177,12 @@ class StepBenchTest(tf.test.TestCase, parameterized.TestCase):
             return step
 
         steps = {name: step_of(name, loss) for name, loss in (("a", 1.0), ("b", 2.0), ("c", 3.0))}
-        timed = _worker.time_interleaved(steps, 0.5, steps=6, warmup=2)
+        record = {}
+        timed = _worker.time_interleaved(steps, 0.5, steps=6, warmup=2, record=record)
+        self.assertEqual(sorted(record), ["a", "b", "c"])
+        for label, seconds in record.items():
+            self.assertLen(seconds, 6)  # the timed steps alone
+            self.assertEqual(timed[label][1], statistics.median(seconds))
         self.assertEqual(calls[:9], ["a"] * 3 + ["b"] * 3 + ["c"] * 3)  # first call, warm-up
         rounds = [tuple(calls[i : i + 3]) for i in range(9, len(calls), 3)]
         self.assertLen(rounds, 6)
