@@ -7,8 +7,8 @@ def sent(leaf: tf.Tensor, split_device: str, device: str) -> tf.Tensor:
     """A shard as it leaves the host for `device`: a fresh host tensor where it goes to a GPU.
 
     The dataset's batch and the split's shards (slices of it) are pageable host memory, and
-    TensorFlow leaves their copy to a GPU to the driver's pageable copy: synchronous, about
-    6 GB/s, holding its thread (wave 5, session 40, on an H100: the ResNet-50's 154 MB batch
+    their copy to a GPU went by the driver's pageable copy: synchronous, about 6 GB/s,
+    holding its thread (wave 5, session 40, on an H100: the ResNet-50's 154 MB batch
     took 21-25 ms, in series with the step's program in every traced step).
     A host op's output that feeds a copy to a GPU is allocated in pinned memory (the
     executor asks for GPU-compatible memory), so a copy made on the host first makes the
