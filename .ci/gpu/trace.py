@@ -101,8 +101,8 @@ def main() -> None:
         "--pinned",
         action="store_true",
         help='"towers replicated xla" and its "no guard" row again, each shard of the next '
-        "batch copied to a fresh host tensor first (pinned: TensorFlow's copy to the GPU then "
-        "need not stage it through the host on its own thread)",
+        "batch copied to a fresh host tensor first (session 37's study; since 5f0d874 the "
+        "library does this itself, and the row makes a second host copy)",
     )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -405,7 +405,8 @@ def _pinned(config):
     first, on the thread that completes the transfer, or (memory of unknown type) leaves it
     to the driver's pageable copy, which waits for the program the copy waits for. Here a
     `DeepCopy` on the host makes each shard, so the transfer is a DMA alone. The race with
-    the program stays.
+    the program stays. (Since 5f0d874 `towers.data._transfer.sent` does this for every
+    shard bound for a GPU: this row adds a second copy; `--pageable` is the old copy.)
     """
     real_split = towers.ops.split_batch
 

@@ -83,13 +83,19 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
         """Each shard bound for a GPU is first copied on the host (`DeepCopy`, whose output
         TensorFlow allocates pinned: the transfer is then a DMA, not the driver's pageable
         copy); one for a CPU device, or split on a GPU, goes as it is."""
+        gpu = "/job:localhost/replica:0/task:0/device:GPU:1"  # (a buffer's device)
         with tf.Graph().as_default():
-            leaf = tf.zeros([4, 2])
-            sent = _transfer.sent(leaf, "/device:CPU:0", "/device:GPU:1")
-            self.assertEqual(sent.op.type, "DeepCopy")
-            self.assertEqual(test_util.local_device(sent.device), "/device:CPU:0")
+            for dtype in (tf.float32, tf.bfloat16, tf.uint8, tf.int64, tf.bool):
+                leaf = tf.zeros([4, 2], dtype)
+                sent = _transfer.sent(leaf, "/device:CPU:0", gpu)
+                self.assertEqual(sent.op.type, "DeepCopy")
+                self.assertEqual(test_util.local_device(sent.device), "/device:CPU:0")
             self.assertIs(_transfer.sent(leaf, "/device:CPU:0", "/device:CPU:1"), leaf)
-            self.assertIs(_transfer.sent(leaf, "/device:GPU:0", "/device:GPU:1"), leaf)
+            self.assertIs(_transfer.sent(leaf, "/device:GPU:0", gpu), leaf)
+            for typeless in (None, "", "/job:localhost"):  # (StagedInput's own split_device)
+                self.assertIs(_transfer.sent(leaf, typeless, gpu), leaf)
+            strings = tf.constant([["a"]] * 4)  # (a dtype outside the copy's list)
+            self.assertIs(_transfer.sent(strings, "/device:CPU:0", gpu), strings)
 
     def test_trains_the_same_with_each_shard_copied_on_the_host(self):
         """Every device taken for a GPU: the fresh copies train as the batches given."""
@@ -109,8 +115,15 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
             mock.patch.object(_transfer.tf.raw_ops, "DeepCopy", deep_copy),
         ):
             staged = towers.prefetch_to_devices(_dataset(), devices)  # (one batch staged now)
+            shards = len(staged._specs) * len(devices)
+            self.assertLen(copies, shards)  # eagerly
+            arrays = staged.staged_arrays()
+            staged.restore_staged(arrays)  # (a checkpoint's batch: eagerly again)
+            self.assertLen(copies, 2 * shards)
+            for key, array in staged.staged_arrays().items():
+                np.testing.assert_array_equal(array, arrays[key])
             losses = [float(step(batch)) for batch in staged]
-        self.assertLen(copies, len(staged._specs) * len(devices) * 2)  # staged now, traced
+        self.assertLen(copies, 3 * shards)  # and once in the step's graph
         want = [float(by_hand(batch)[0]) for batch in _dataset()]
         test_util.assert_allclose(losses, want, rtol=1e-5)
         for got, expected in zip(model.variables, reference.variables):
