@@ -85,7 +85,8 @@ def suite_rows(
     Builds every configuration (its models from one reference's weights; uncompiled, then
     compiled by XLA, as `compiled` says), then times them with `time_interleaved`:
     "trace_s" is each step's first call (tracing and XLA compilation), "step_ms" the median
-    of `steps` calls after `warmup`. Rows fed by the dataset repeat one fixed batch. Only
+    of `steps` calls after `warmup`, "steps_ms" those calls in the order they ran (where a
+    median hides a row slow one step in three). Rows fed by the dataset repeat one fixed batch. Only
     the configurations whose label matches the regular expression `configs` are built; each
     one's build and first call are reported on stderr as they end ("bench: ...").
 
@@ -121,8 +122,9 @@ def suite_rows(
         build_s[label] = time.perf_counter() - began
         print(f"bench: built {label} in {build_s[label]:.1f} s", file=sys.stderr, flush=True)
     flops = real.flops_per_item(reference)
-    rows = []
-    for label, (trace, seconds, loss) in time_interleaved(built, data, steps, warmup).items():
+    rows, record = [], {}
+    timed = time_interleaved(built, data, steps, warmup, record)
+    for label, (trace, seconds, loss) in timed.items():
         items = global_batch * real.items_per_example
         chips = 1 if label.startswith("one device") else _chips(devices)
         per_second, mfu = throughput(flops, items, seconds * 1e3, chips, peak_tflops)
@@ -138,6 +140,7 @@ def suite_rows(
                 build_s=build_s[label],
                 trace_s=trace,
                 step_ms=seconds * 1e3,
+                steps_ms=[round(t * 1e3, 3) for t in record[label]],  # (in the order they ran)
                 per_second=per_second,
                 mfu=mfu,
                 loss=loss,

@@ -20,6 +20,8 @@ class ModelsSuiteTest(tf.test.TestCase):
         test_util.assert_allclose(losses, [losses[0]] * len(losses), rtol=1e-5)
         for row in rows:
             self.assertAllClose(row["per_second"] * row["step_ms"] / 1e3, 4 * 32)  # tokens
+            self.assertLen(row["steps_ms"], 1)
+            self.assertAllClose(row["steps_ms"][0], row["step_ms"], atol=1e-3)  # (one step)
         labels = _model_steps.model_rows(lambda: None, None, test_util.devices(2), None, None,
                                          jit_compile=True)  # fmt: skip
         for label in (
