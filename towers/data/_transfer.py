@@ -31,7 +31,22 @@ def sent(leaf: tf.Tensor, split_device: str | None, device: str) -> tf.Tensor:
 
 
 def _host_to_gpu(source: str | None, device: str) -> bool:
-    return _local(source)[0] == "CPU" and _local(device)[0] == "GPU"
+    """Whether `source` is a CPU and `device` a GPU of its own task (a host-to-device copy).
+
+    A shard bound for another task's GPU crosses the network, for which the executor does
+    not allocate pinned memory: it goes as it is.
+    """
+    if _local(source)[0] != "CPU" or _local(device)[0] != "GPU":
+        return False
+    ours, theirs = tf.DeviceSpec.from_string(source or ""), tf.DeviceSpec.from_string(device)
+    return all(
+        mine is None or other is None or mine == other
+        for mine, other in (
+            (ours.job, theirs.job),
+            (ours.replica, theirs.replica),
+            (ours.task, theirs.task),
+        )
+    )
 
 
 def read_on(buffer: tf.Variable, device: str) -> tf.Tensor:

@@ -82,7 +82,7 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
     def test_a_shard_for_a_gpu_leaves_the_host_as_a_fresh_tensor(self):
         """Each shard bound for a GPU is first copied on the host (`DeepCopy`, whose output
         TensorFlow allocates pinned: the transfer is then a DMA, not the driver's pageable
-        copy); one for a CPU device, or split on a GPU, goes as it is."""
+        copy); one for a CPU device, another task's GPU, or split on a GPU, goes as it is."""
         gpu = "/job:localhost/replica:0/task:0/device:GPU:1"  # (a buffer's device)
         with tf.Graph().as_default():
             for dtype in (tf.float32, tf.bfloat16, tf.uint8, tf.int64, tf.bool):
@@ -94,6 +94,10 @@ class StagedInputTest(tf.test.TestCase, parameterized.TestCase):
             self.assertIs(_transfer.sent(leaf, "/device:GPU:0", gpu), leaf)
             for typeless in (None, "", "/job:localhost"):  # (StagedInput's own split_device)
                 self.assertIs(_transfer.sent(leaf, typeless, gpu), leaf)
+            host = "/job:localhost/replica:0/task:0/device:CPU:0"
+            self.assertEqual(_transfer.sent(leaf, host, gpu).op.type, "DeepCopy")
+            for remote in ("/job:worker/task:0/device:GPU:0", "/job:localhost/task:1/device:GPU:0"):
+                self.assertIs(_transfer.sent(leaf, host, remote), leaf)  # (over the network)
             strings = tf.constant([["a"]] * 4)  # (a dtype outside the copy's list)
             self.assertIs(_transfer.sent(strings, "/device:CPU:0", gpu), strings)
 
