@@ -86,9 +86,9 @@ def suite_rows(
     compiled by XLA, as `compiled` says), then times them with `time_interleaved`:
     "trace_s" is each step's first call (tracing and XLA compilation), "step_ms" the median
     of `steps` calls after `warmup`, "steps_ms" those calls in the order they ran (where a
-    median hides a row slow one step in three). Rows fed by the dataset repeat one fixed batch. Only
-    the configurations whose label matches the regular expression `configs` are built; each
-    one's build and first call are reported on stderr as they end ("bench: ...").
+    median hides a row slow one step in three). Rows fed by the dataset repeat one fixed
+    batch. Only the configurations whose label matches the regular expression `configs` are
+    built; each one's build and first call are reported on stderr as they end ("bench: ...").
 
     Raises:
       ValueError: if `model_name` is unknown, or `global_batch` does not split evenly over

@@ -10,6 +10,9 @@ _COPIED = frozenset(
 )
 
 
+_TASK = ("job", "replica", "task")  # (as `towers.ops.internal.holds` compares them)
+
+
 def sent(leaf: tf.Tensor, split_device: str | None, device: str) -> tf.Tensor:
     """A shard as it leaves the host for `device`: a fresh host tensor where it goes to a GPU.
 
@@ -36,16 +39,11 @@ def _host_to_gpu(source: str | None, device: str) -> bool:
     A shard bound for another task's GPU crosses the network, for which the executor does
     not allocate pinned memory: it goes as it is.
     """
-    if _local(source)[0] != "CPU" or _local(device)[0] != "GPU":
-        return False
     ours, theirs = tf.DeviceSpec.from_string(source or ""), tf.DeviceSpec.from_string(device)
-    return all(
-        mine is None or other is None or mine == other
-        for mine, other in (
-            (ours.job, theirs.job),
-            (ours.replica, theirs.replica),
-            (ours.task, theirs.task),
-        )
+    return (
+        _local(source)[0] == "CPU"
+        and _local(device)[0] == "GPU"
+        and all(getattr(ours, part) in (None, getattr(theirs, part)) for part in _TASK)
     )
 
 
