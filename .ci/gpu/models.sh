@@ -9,6 +9,7 @@
 # timed steps (20; each run's limit is for 20).
 cd "$(dirname "$0")/../.."
 export TF_CPP_MIN_LOG_LEVEL=2
+bash .ci/gpu/need_gpu.sh || exit 3
 start=$(date +%s)
 # The split: one logical GPU of 100000 MiB (K=1) or two of 60000 MiB (K=2) on an H200; on a
 # card under 100 GiB (an H100's 80 GiB) 70000 MiB and two of 36000 MiB.

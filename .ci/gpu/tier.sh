@@ -4,6 +4,7 @@
 # With NOFIX=path/to/an/old/ops/_all_reduce_gradients.py, the copies tests run again in a copy
 # of the checkout that has it (they must fail there: the check that they test the fix).
 cd "$(dirname "$0")/../.."
+bash .ci/gpu/need_gpu.sh || exit 3
 start=$(date +%s)
 ( TOWERS_TEST_KIND=GPU timeout 420 python3 -m pytest -q -n 8 -p no:cacheprovider --durations=20 > "$OUT/gpu_tier.log" 2>&1 ) &
 ( timeout 420 python3 -m pytest -q -n 6 -p no:cacheprovider --durations=20 > "$OUT/default.log" 2>&1 ) &
