@@ -306,9 +306,13 @@ def _staged_after(config):
 
     As built, the step's program and the staging of the next batch (whose copy to the GPU
     waits for all the work already queued there) wait for the same reads, and race. Here the
-    staging waits for the program's op, done (on a GPU) once its kernels are queued: the copy
-    always follows the program (never beside it), and the step's time no longer depends on
-    which came first.
+    staging waits for an int32 made on the program's device after the program's op, done (on
+    a GPU) once its kernels are queued: the copy always follows the program (never beside
+    it), and the step's time no longer depends on which came first. An int32 on a GPU is
+    kept in its host memory, so it reaches the host without a copy. (Until session 41 the
+    staging waited on a control edge from the program's output, which crosses to the host
+    as an empty copy that waits for the program to have run, not to be queued: the fetch,
+    the host copy and the transfer then all came after the program.)
     """
     from towers.data._staged import StagedInput
     from towers.step import _train_step
@@ -332,7 +336,9 @@ def _staged_after(config):
         loss, outputs, updates, verdict = real_step(*args, **kwargs)
         if deferred:
             stage, staging = deferred.pop()
-            with tf.control_dependencies(updates):  # (the program's output)
+            with tf.device(args[5]), tf.control_dependencies(updates):  # (the program's device)
+                queued = tf.identity(tf.constant(0))  # (int32: host memory on a GPU)
+            with tf.device("/device:CPU:0"), tf.control_dependencies([tf.identity(queued)]):
                 staging.append(stage())
         return loss, outputs, updates, verdict
 
@@ -474,8 +480,8 @@ def _read(path: str) -> tuple[list, list, list]:
 
 def summarize(path: str, steps: int) -> None:
     """Prints each GPU stream's busy time; the slowest step's idle gaps and timeline."""
-    events, host, marks = _read(path)
-    host = [h for h in host if re.search(_HOST, h[4])]
+    events, every, marks = _read(path)
+    host = [h for h in every if re.search(_HOST, h[4])]
     print(f"step marks: {[round((m[1] - m[0]) / 1e6, 2) for m in marks]} ms")
     if marks:  # (the slowest traced step: where a row's slow steps go)
         begin, finish = max(marks, key=lambda m: m[1] - m[0])[:2]
@@ -484,6 +490,7 @@ def summarize(path: str, steps: int) -> None:
         for start, end, _, line, name in shown[:80]:
             at, took = (start - begin) / 1e6, (end - start) / 1e3
             print(f"    {at:8.2f} {took:7.0f} {line[:18]:18s} {name[:70]}")
+        _threads([h for h in every if begin <= h[0] <= finish], begin)
     if not events:
         print("no GPU events")
         return
@@ -529,8 +536,33 @@ def summarize(path: str, steps: int) -> None:
         print(f"    {key[0]} {key[1][:24]}: {text}")
 
 
+def _threads(step: list, begin: int) -> None:
+    """Each host thread's events in a step (all of them, the program's launches included).
+
+    Where a slow step's time goes on the host: a thread that queues the program's kernels
+    late (it starts after the next batch's host copy), or slowly (its events stretch over
+    the copy), and the step's longest host events whatever their names.
+    """
+    by_line: dict = collections.defaultdict(list)
+    for event in step:
+        by_line[event[3]].append(event)
+    print("  host threads of the slowest step (first-last ms, events, busy ms):")
+    for line, rows in sorted(by_line.items(), key=lambda item: item[1][0][0]):
+        if len(rows) >= 20 or any(e[1] - e[0] > 1_000_000 for e in rows):
+            first, last = (rows[0][0] - begin) / 1e6, (max(e[1] for e in rows) - begin) / 1e6
+            busy = sum(e[1] - e[0] for e in rows) / 1e6
+            print(f"    {line[:24]:24s} {first:7.2f}-{last:7.2f} x{len(rows):<5d} {busy:7.2f}")
+    inner = [e for e in step if not e[3].startswith("python")]  # (not the call's wrappers)
+    longest = sorted(inner, key=lambda e: e[0] - e[1])[:12]
+    print("  its longest host events off the calling thread (start ms, us, thread, name):")
+    for start, end, _, line, name in sorted(longest):
+        at, took = (start - begin) / 1e6, (end - start) / 1e3
+        print(f"    {at:8.2f} {took:7.0f} {line[:18]:18s} {name[:70]}")
+
+
 _HOST = "|".join(
     ("XlaRun", "XlaLaunch", "_XlaCompile", "PartitionedCall", "_Send", "_Recv", "Assert")
+    + ("DeepCopy", "AssignVariableOp")
     + ("Iterator", "EagerExecute", "Wait", "Memcpy")
 )
 
