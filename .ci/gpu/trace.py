@@ -18,8 +18,8 @@ copies). The raw traces go to $OUT
 (gzipped xplane, one per row and run) for a closer look. `--resident` adds the floor's and
 towers' compiled rows (at K = 1) fed one batch held on the GPU: each row's step without the
 copy of its input (the ResNet-50's 154 MB a step), beside the same row fed as the suite feeds it.
-`--staged_after` adds towers' K = 1 rows with the next batch staged once the program is queued
-(the copy after the program, never beside it: no race between the two); `--pinned` adds
+`--staged_after` adds towers' rows with the next batch staged once the programs are queued
+(each copy after its device's programs, never beside them: no race between the two); `--pinned` adds
 towers' rows with each staged shard made a fresh (pinned) host tensor before its copy;
 `--pageable` adds them with each shard sent as split (as staged before session 40);
 `--copy_first` adds towers' K = 1 rows with the program waiting for host ops after the next
@@ -81,8 +81,8 @@ def main() -> None:
     parser.add_argument(
         "--staged_after",
         action="store_true",
-        help='at K = 1, "towers replicated xla" and its "no guard" row again, the next batch '
-        "staged once the step's program is queued (its copy then waits for the program)",
+        help='"towers replicated xla" and its "no guard" row again, the next batch staged '
+        "once the step's programs are queued (its copies then wait for them)",
     )
     parser.add_argument(
         "--copy_first",
@@ -134,8 +134,8 @@ def main() -> None:
             chosen[label] = _host_loss(rows["towers replicated"], updates)
     if args.resident:
         chosen.update(_resident(chosen, make_model, devices, repeated_dataset(batch)))
-    if (args.staged_after or args.copy_first) and args.devices != 1:  # (one-program steps)
-        raise ValueError(f"--staged_after and --copy_first are for one device; got {args.devices}.")
+    if args.copy_first and args.devices != 1:  # (one-program steps)
+        raise ValueError(f"--copy_first is for one device; got {args.devices}.")
     for wanted, how, patched in (
         (args.staged_after, "staged after the program", _staged_after),
         (args.copy_first, "its copy queued first", _copy_first),
@@ -302,28 +302,32 @@ def _resident(chosen: dict, make_model, devices: list[str], dataset) -> dict:
 
 
 def _staged_after(config):
-    """`config` (one device, one program), its next batch staged after the program is queued.
+    """`config` (staged input), its next batch staged once the step's programs are queued.
 
-    As built, the step's program and the staging of the next batch (whose copy to the GPU
+    As built, the step's programs and the staging of the next batch (whose copy to a GPU
     waits for all the work already queued there) wait for the same reads, and race. Here the
-    staging waits for an int32 made on the program's device after the program's op, done (on
-    a GPU) once its kernels are queued: the copy always follows the program (never beside
-    it), and the step's time no longer depends on which came first. An int32 on a GPU is
-    kept in its host memory, so it reaches the host without a copy. (Until session 41 the
-    staging waited on a control edge from the program's output, which crosses to the host
-    as an empty copy that waits for the program to have run, not to be queued: the fetch,
-    the host copy and the transfer then all came after the program.)
+    staging waits for an int32 made on each device after that device's updates (at K = 1 the
+    one program; otherwise each device's update), done (on a GPU) once their kernels are
+    queued: each copy follows its device's programs (never beside them), and the step's
+    time no longer depends on which came first. An int32 on a GPU is kept in its host
+    memory, so it reaches the host without a copy. (Until session 41 the staging waited on a
+    control edge from the program's output, which crosses to the host as an empty copy that
+    waits for the program to have run, not to be queued: the fetch, the host copy and the
+    transfer then all came after the program.)
     """
     from towers.data._staged import StagedInput
+    from towers.ops.internal import update_ops
     from towers.step import _train_step
 
-    deferred, real_shards, real_step = [], _train_step._shards, _train_step.one_program_step
+    deferred = []
+    real_shards, real_step = _train_step._shards, _train_step.one_program_step
+    real_updates = _train_step.reduced_updates
 
     def shards(inputs, devices, split_device):
         if not isinstance(inputs, StagedInput):
             return real_shards(inputs, devices, split_device)
         stage = inputs._stage_next
-        inputs._stage_next = tf.no_op  # (take's staging: built after the program instead)
+        inputs._stage_next = tf.no_op  # (take's staging: built after the programs instead)
         try:
             taken, sizes = inputs.take()
         finally:
@@ -332,21 +336,39 @@ def _staged_after(config):
         deferred.append((stage, staging))
         return taken, sizes, staging
 
+    def staged_after(updates):
+        if not deferred:
+            return
+        stage, staging = deferred.pop()
+        ops = update_ops(updates)
+        gates = []
+        for device in sorted({op.device for op in ops}):
+            with (
+                tf.device(device),
+                tf.control_dependencies([op for op in ops if op.device == device]),
+            ):
+                queued = tf.identity(tf.constant(0))  # (int32: host memory on a GPU)
+            with tf.device("/device:CPU:0"):
+                gates.append(tf.identity(queued))
+        with tf.device("/device:CPU:0"), tf.control_dependencies(gates):
+            staging.append(stage())
+
     def one_program_step(*args, **kwargs):
         loss, outputs, updates, verdict = real_step(*args, **kwargs)
-        if deferred:
-            stage, staging = deferred.pop()
-            with tf.device(args[5]), tf.control_dependencies(updates):  # (the program's device)
-                queued = tf.identity(tf.constant(0))  # (int32: host memory on a GPU)
-            with tf.device("/device:CPU:0"), tf.control_dependencies([tf.identity(queued)]):
-                staging.append(stage())
+        staged_after(updates)
         return loss, outputs, updates, verdict
+
+    def reduced_updates(*args, **kwargs):
+        updates, verdict = real_updates(*args, **kwargs)
+        staged_after(updates)
+        return updates, verdict
 
     return _patched(
         config,
         [
             (_train_step, "_shards", shards),
             (_train_step, "one_program_step", one_program_step),
+            (_train_step, "reduced_updates", reduced_updates),
         ],
     )
 
