@@ -572,7 +572,11 @@ def _threads(step: list, begin: int) -> None:
     for line, rows in sorted(by_line.items(), key=lambda item: item[1][0][0]):
         if len(rows) >= 20 or any(e[1] - e[0] > 1_000_000 for e in rows):
             first, last = (rows[0][0] - begin) / 1e6, (max(e[1] for e in rows) - begin) / 1e6
-            busy = sum(e[1] - e[0] for e in rows) / 1e6
+            busy, reach = 0, rows[0][0]  # (the union of its events: nested ones once)
+            for start, end, *_ in rows:
+                busy += max(0, end - max(start, reach))
+                reach = max(reach, end)
+            busy /= 1e6
             print(f"    {line[:24]:24s} {first:7.2f}-{last:7.2f} x{len(rows):<5d} {busy:7.2f}")
     inner = [e for e in step if not e[3].startswith("python")]  # (not the call's wrappers)
     longest = sorted(inner, key=lambda e: e[0] - e[1])[:12]
