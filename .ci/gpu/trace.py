@@ -310,10 +310,12 @@ def _staged_after(config):
     one program; otherwise each device's update), done (on a GPU) once their kernels are
     queued: each copy follows its device's programs (never beside them), and the step's
     time no longer depends on which came first. An int32 on a GPU is kept in its host
-    memory, so it reaches the host without a copy. (Until session 41 the staging waited on a
-    control edge from the program's output, which crosses to the host as an empty copy that
-    waits for the program to have run, not to be queued: the fetch, the host copy and the
-    transfer then all came after the program.)
+    memory, so it reaches the host without a copy; the staging reads it as data (a `tf.cond`
+    on it). A control edge from a GPU op crosses to the host as an empty copy that waits for
+    the GPU to have run everything queued: until 6abeaef the staging waited on one from the
+    program's output, and from 6abeaef to session 41's review on int32 identities used only
+    as control inputs, which grappler's dependency optimizer turns into the same (the fetch,
+    the host copy and the transfer then all came after the program's end).
     """
     from towers.data._staged import StagedInput
     from towers.ops.internal import update_ops
@@ -333,25 +335,28 @@ def _staged_after(config):
         finally:
             del inputs._stage_next  # (the method again)
         staging: list = []
-        deferred.append((stage, staging))
+        deferred.append((stage, staging, inputs))
         return taken, sizes, staging
 
     def staged_after(updates):
         if not deferred:
             return
-        stage, staging = deferred.pop()
+        stage, staging, inputs = deferred.pop()
         ops = update_ops(updates)
+        with tf.device("/device:CPU:0"):
+            token = tf.cast(inputs._ready.read_value(), tf.int32)  # (0 or 1: not a constant)
         gates = []
         for device in sorted({op.device for op in ops}):
             with (
                 tf.device(device),
                 tf.control_dependencies([op for op in ops if op.device == device]),
             ):
-                queued = tf.identity(tf.constant(0))  # (int32: host memory on a GPU)
-            with tf.device("/device:CPU:0"):
-                gates.append(tf.identity(queued))
-        with tf.device("/device:CPU:0"), tf.control_dependencies(gates):
-            staging.append(stage())
+                gates.append(tf.identity(token))  # (int32: host memory on a GPU)
+        with tf.device("/device:CPU:0"):  # (read as data: see the docstring)
+            queued = gates[0] >= 0
+            for gate in gates[1:]:
+                queued = tf.logical_and(queued, gate >= 0)
+            staging.append(tf.cond(queued, stage, lambda: tf.constant(False)))
 
     def one_program_step(*args, **kwargs):
         loss, outputs, updates, verdict = real_step(*args, **kwargs)
@@ -383,6 +388,10 @@ def _copy_first(config):
     the copy). Whether the copy is then queued first is a race: the shard's send copies a
     pageable batch into a pinned buffer on its thread before it queues the copy (TensorFlow's
     `GPUUtil::CopyCPUTensorToGPU`), while the gate's ops run on others. The trace shows which.
+    (Session 41's review: the gate on the GPU is used only as a control input, which
+    grappler's dependency optimizer turns into a control edge from the host, an empty copy
+    through the host-to-device stream, queued behind the batch's own copy there. So session
+    40's result, the program waiting for the copy, may be this gate's doing.)
     """
     from towers.data._staged import StagedInput
     from towers.step import _train_step
