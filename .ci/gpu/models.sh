@@ -62,7 +62,7 @@ run resnet_k2 330 --worker_devices=2 --gpu_split_mb=$MB2 --models=resnet50 --com
 # copy updates half the weights, then gathers the other half: one update's work, not two, on
 # one split GPU).
 # "one bucket": the default exchange in one transfer, so that each update waits for one receive
-# (a receive completes on the host after its copy has run: BUILD.md, session 33).
+# (a receive completes on the host after its copy has run: docs/history/gpu-sessions.md, session 33).
 exchange='^(mirrored xla|towers replicated xla|towers replicated xla, one bucket|towers replicated xla, (ring|reduce-broadcast), 64 MiB buckets|towers replicated xla, reduce-broadcast, one bucket|towers replicated xla, sharded state|hand-written towers xla, update compiled)$'
 run gpt_k2_exchange 280 --worker_devices=2 --gpu_split_mb=$MB2 --models=gpt --compiled=xla --configs="$exchange"
 run gpt_plain_k1 200 --worker_devices=1 --gpu_split_mb=$MB1 --models=gpt --compiled=plain --configs="$plain"
