@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the lent GPU, after the kit: the ResNet-50 at K = 1, each configuration in a process of its
 # own, XLA's autotuning results dumped per configuration. Session 23 saw each compiled program
-# of that model run at about 50 or about 70 ms (docs/benchmarks.md, "At b34ef60"), whichever
+# of that model run at about 50 or about 70 ms (docs/history/benchmarks.md, "At b34ef60"), whichever
 # configuration it was; this says whether the two speeds follow the convolutions' autotuned
 # algorithms (diff autotune/N.txt in the tarball: each process's choices, as text protos) and
 # whether they survive a process per configuration. About 4 x 80 s on an H100; MODEL= and

@@ -21,7 +21,7 @@ With `DTYPE=bfloat16` the buckets are what each device checks at K = 2 under mix
 (`towers.ops._crossed_flags`: its own bucket of bfloat16 gradients, each term passing when
 twice it is finite in float32): the check as it is, and cheaper forms of the same rule (the
 exponent field below 254, as integers; one verdict per block or per bucket). The trace at
-c3f2c20 (docs/benchmarks.md) saw that check take 0.2 ms per logical GPU of an H100, on the
+c3f2c20 (docs/history/benchmarks.md) saw that check take 0.2 ms per logical GPU of an H100, on the
 step's critical path: the copies to the other device waited for it.
 """
 
