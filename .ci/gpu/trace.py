@@ -22,6 +22,8 @@ copy of its input (the ResNet-50's 154 MB a step), beside the same row fed as th
 (each copy after its device's programs, never beside them: no race between the two); `--pinned` adds
 towers' rows with each staged shard made a fresh (pinned) host tensor before its copy;
 `--pageable` adds them with each shard sent as split (as staged before session 40);
+`--timestamped` runs every row with TensorFlow's timestamped GPU allocator (the
+whole process), under which a copy to a GPU does not wait for the kernels queued before it.
 `--copy_first` adds towers' K = 1 rows with the program waiting for host ops after the next
 batch's fetch, so that its copy is queued first.
 """
@@ -73,6 +75,12 @@ def main() -> None:
     )
     parser.add_argument("--no_trace", action="store_true", help="time the rows only")
     parser.add_argument(
+        "--timestamped",
+        action="store_true",
+        help="every row with TensorFlow's timestamped GPU allocator (the whole process): a "
+        "copy to a GPU then waits for no kernel queued before it, only for its memory",
+    )
+    parser.add_argument(
         "--resident",
         action="store_true",
         help="at K = 1, each chosen row of the floor and towers compiled again, its batch "
@@ -106,6 +114,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.timestamped:
+        _timestamped_allocator()
     devices = bench_devices(args.devices, args.gpu_split_mb or _split_mb(args.devices))
     real = REAL_MODELS[args.model]
     build = lambda: real.build(compute_dtype=args.dtype)  # noqa: E731
@@ -376,6 +386,28 @@ def _staged_after(config):
             (_train_step, "reduced_updates", reduced_updates),
         ],
     )
+
+
+def _timestamped_allocator() -> None:
+    """Gives this process's GPUs TensorFlow's timestamped allocator; before they start.
+
+    A copy from the host to a GPU waits for everything the GPU's compute stream holds when
+    the copy is queued (`sync_dst_compute`), so that its buffer is free of the kernels queued
+    before it. With the timestamped allocator, the copy's buffer is only memory whose last
+    kernels have run, and the copy waits for nothing queued on the device
+    (`SameWorkerRecvDone`: `sync_dst_compute` is off where the device's `SafeAllocFrontier`
+    is nonzero). A staged batch's copy can then overlap the program queued before it.
+    TensorFlow 2 has no public switch for it (`GPUOptions.experimental`): the eager
+    context's base `ConfigProto` is set here, as `tf.compat.v1.ConfigProto` would in a
+    session.
+    """
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    config = config_pb2.ConfigProto()
+    config.gpu_options.experimental.timestamped_allocator = True
+    context.context()._config = config
+    print("the timestamped GPU allocator: on", flush=True)
 
 
 def _copy_first(config):
