@@ -39,6 +39,21 @@ def holds(device: str, placed: str) -> bool:
     Unplaced ("") is on no device.
     """
     want, got = tf.DeviceSpec.from_string(device), tf.DeviceSpec.from_string(placed)
-    return (want.device_type, want.device_index) == (got.device_type, got.device_index) and all(
-        getattr(want, part) in (None, getattr(got, part)) for part in ("job", "replica", "task")
-    )
+    same = (want.device_type, want.device_index) == (got.device_type, got.device_index)
+    return same and _same_task(want, got)
+
+
+def in_task(device: str | None, placed: str) -> bool:
+    """Whether `placed` is in the task of `device`.
+
+    Job, replica and task the same where `device` names them; a name without them (or None)
+    is in every task.
+    """
+    return _same_task(tf.DeviceSpec.from_string(device or ""), tf.DeviceSpec.from_string(placed))
+
+
+def _same_task(want: tf.DeviceSpec, got: tf.DeviceSpec) -> bool:
+    return all(getattr(want, part) in (None, getattr(got, part)) for part in _TASK)
+
+
+_TASK = ("job", "replica", "task")

@@ -37,7 +37,8 @@ training program needs none of it. It is the one door through which `towers` rea
   and `in_programs` (whether an uncompiled step's update and the guard's pieces run as XLA
   programs on a device: on GPUs).
 - Placement: `device_scope` (a device, or the caller's scope for None), `host_scope` (the
-  CPU beside the device in scope, for ops without a GPU kernel) and `has_kernel` (whether
+  CPU beside the device in scope, for ops without a GPU kernel), `holds` (whether a placement
+  is on a device), `in_task` (whether it is in a device's task) and `has_kernel` (whether
   TensorFlow has a kernel for an op and its dtypes on a kind of device).
 """
 
@@ -59,7 +60,7 @@ from towers.ops._collectives import (
     reduce_on,
     trace_count,
 )
-from towers.ops._device_scope import device_scope, holds, host_scope
+from towers.ops._device_scope import device_scope, holds, host_scope, in_task
 from towers.ops._exact_widening import HALF, narrow_form, narrowest
 from towers.ops._finite import finite_flags
 from towers.ops._kernels import has_kernel
@@ -101,6 +102,7 @@ __all__ = [
     "has_kernel",
     "flags_where_made",
     "holds",
+    "in_task",
     "host_scope",
     "in_programs",
     "library_code",

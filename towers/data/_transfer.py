@@ -2,15 +2,14 @@
 
 import tensorflow as tf
 
+from towers.ops.internal import in_task
+
 # What DeepCopy's CPU kernel copies (TensorFlow's `inplace_ops.cc`: number types and bool);
 # a 4-bit integer a GPU variable holds would fail there, and goes as it is.
 _COPIED = frozenset(
     (tf.bool, tf.bfloat16, tf.float16, tf.float32, tf.float64, tf.complex64, tf.complex128)
     + (tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int64, tf.uint64)
 )
-
-
-_TASK = ("job", "replica", "task")  # (as `towers.ops.internal.holds` compares them)
 
 
 def sent(leaf: tf.Tensor, split_device: str | None, device: str) -> tf.Tensor:
@@ -39,12 +38,7 @@ def _host_to_gpu(source: str | None, device: str) -> bool:
     A shard bound for another task's GPU crosses the network, for which the executor does
     not allocate pinned memory: it goes as it is.
     """
-    ours, theirs = tf.DeviceSpec.from_string(source or ""), tf.DeviceSpec.from_string(device)
-    return (
-        _local(source)[0] == "CPU"
-        and _local(device)[0] == "GPU"
-        and all(getattr(ours, part) in (None, getattr(theirs, part)) for part in _TASK)
-    )
+    return _local(source)[0] == "CPU" and _local(device)[0] == "GPU" and in_task(source, device)
 
 
 def read_on(buffer: tf.Variable, device: str) -> tf.Tensor:
